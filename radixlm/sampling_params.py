@@ -1,0 +1,215 @@
+"""SamplingParams: the one definition of how a request samples, shared by lang/, runtime/ and the server.
+
+Runs wherever a request is built (user process, HTTP process, scheduler). Validation raises ValueError
+whose message names the offending field, so the server can map it to a 400 with `param` set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Limits from ../shared/design/robustness.md (configurable at the server; these are the defaults).
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_REGEX_BYTES = 4 * 1024
+MAX_JSON_SCHEMA_BYTES = 64 * 1024
+
+
+class SamplingParamError(ValueError):
+    """A sampling parameter is invalid; `param` names the field (the server reports it)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    sampling_seed: int | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+    # Set by the frontend's select / choices=: generate exactly one of these strings.
+    choices: list[str] | None = None
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
+        """Build from a native-API dict. Unknown keys raise; `null` means "use the default"."""
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise SamplingParamError("sampling_params", "must be an object")
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in d.items():
+            if key not in names:
+                raise SamplingParamError(str(key), "unknown sampling parameter")
+            if value is not None:
+                kwargs[key] = value
+        params = cls(**kwargs)
+        params.normalize()
+        return params
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def copy(self, **changes: Any) -> "SamplingParams":
+        return dataclasses.replace(self, **changes)
+
+    # ---- validation ---------------------------------------------------------------------------
+    def normalize(self) -> None:
+        """Coerce accepted shapes (a single stop string, str logit_bias keys) and check every range."""
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if isinstance(self.stop_regex, str):
+            self.stop_regex = [self.stop_regex]
+        if isinstance(self.stop_token_ids, int) and not isinstance(self.stop_token_ids, bool):
+            self.stop_token_ids = [self.stop_token_ids]
+        self.logit_bias = _parse_logit_bias(self.logit_bias)
+        self._check_types()
+        self._check_ranges()
+
+    def _check_types(self) -> None:
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+            _require_int(name, getattr(self, name))
+        if self.sampling_seed is not None:
+            _require_int("sampling_seed", self.sampling_seed)
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
+            setattr(self, name, _require_float(name, getattr(self, name)))
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamError(name, "must be a boolean")
+        for name in ("stop", "stop_regex"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+                raise SamplingParamError(name, "must be a string or a list of strings")
+        if not isinstance(self.stop_token_ids, list):
+            raise SamplingParamError("stop_token_ids", "must be a list of integers")
+        for tid in self.stop_token_ids:
+            _require_int("stop_token_ids", tid)
+        for name in ("regex", "json_schema", "ebnf"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise SamplingParamError(name, "must be a string")
+        if self.choices is not None:
+            if not isinstance(self.choices, list) or not self.choices or \
+                    not all(isinstance(c, str) for c in self.choices):
+                raise SamplingParamError("choices", "must be a non-empty list of strings")
+
+    def _check_ranges(self) -> None:
+        if self.max_new_tokens < 0:
+            raise SamplingParamError("max_new_tokens", "must be >= 0")
+        if self.min_new_tokens < 0:
+            raise SamplingParamError("min_new_tokens", "must be >= 0")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise SamplingParamError("min_new_tokens", "must be <= max_new_tokens")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise SamplingParamError("temperature", "must be in [0, 2]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingParamError("top_p", "must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise SamplingParamError("top_k", "must be -1 (disabled) or >= 1")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise SamplingParamError("min_p", "must be in [0, 1]")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise SamplingParamError(name, "must be in [-2, 2]")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise SamplingParamError("repetition_penalty", "must be in (0, 2]")
+        if not 1 <= self.n <= MAX_N:
+            raise SamplingParamError("n", f"must be in [1, {MAX_N}]")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingParamError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(len(s) > MAX_STOP_STRING_CHARS or not s for s in self.stop):
+            raise SamplingParamError("stop", f"stop strings must have 1..{MAX_STOP_STRING_CHARS} characters")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise SamplingParamError("stop_token_ids", "token ids must be >= 0")
+        if self.sampling_seed is not None and not 0 <= self.sampling_seed < 2**63:
+            raise SamplingParamError("sampling_seed", "must be in [0, 2**63)")
+        for bias in self.logit_bias.values():
+            if not -100.0 <= bias <= 100.0:
+                raise SamplingParamError("logit_bias", "bias values must be in [-100, 100]")
+        self._check_grammar()
+
+    def _check_grammar(self) -> None:
+        given = [name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None]
+        if self.choices is not None:
+            given.append("choices")
+        if len(given) > 1:
+            raise SamplingParamError(given[1], f"at most one of regex / json_schema / ebnf / choices, got {given}")
+        if self.regex is not None and len(self.regex.encode()) > MAX_REGEX_BYTES:
+            raise SamplingParamError("regex", f"regex larger than {MAX_REGEX_BYTES} bytes")
+        if self.json_schema is not None and len(self.json_schema.encode()) > MAX_JSON_SCHEMA_BYTES:
+            raise SamplingParamError("json_schema", f"schema larger than {MAX_JSON_SCHEMA_BYTES} bytes")
+
+    def verify_vocab(self, vocab_size: int) -> None:
+        """Token ids named by the request must exist in the model's vocabulary."""
+        for tid in self.stop_token_ids:
+            if tid >= vocab_size:
+                raise SamplingParamError("stop_token_ids", f"token id {tid} is outside the vocabulary")
+        for tid in self.logit_bias:
+            if not 0 <= tid < vocab_size:
+                raise SamplingParamError("logit_bias", f"token id {tid} is outside the vocabulary")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_grammar(self) -> bool:
+        return any(x is not None for x in (self.regex, self.json_schema, self.ebnf, self.choices))
+
+
+def _require_int(name: str, value: Any) -> None:
+    # bool is an int subclass; a JSON `true` must not pass as 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SamplingParamError(name, "must be an integer")
+
+
+def _require_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SamplingParamError(name, "must be a number")
+    value = float(value)
+    if not math.isfinite(value):
+        raise SamplingParamError(name, "must be finite")
+    return value
+
+
+def _parse_logit_bias(bias: Any) -> dict[int, float]:
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise SamplingParamError("logit_bias", "must be an object mapping token ids to biases")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            tid = int(key)
+        except (TypeError, ValueError):
+            raise SamplingParamError("logit_bias", f"key {key!r} is not a token id") from None
+        out[tid] = _require_float("logit_bias", value)
+    return out

@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny random checkpoints built once per test session in tmp dirs (nothing downloaded)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Two cores: oversubscribed OpenMP threads make tiny matmuls far slower.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def _build(tmp_path_factory, arch: str, **overrides):
+    from radixlm.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch, **overrides)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    return _build(tmp_path_factory, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory):
+    return _build(tmp_path_factory, "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory):
+    return _build(tmp_path_factory, "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory):
+    return _build(tmp_path_factory, "mistral")
