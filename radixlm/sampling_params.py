@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.errors import InvalidRequestError
+
 # Limits from ../shared/design/robustness.md (configurable at the server; these are the defaults).
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -20,12 +22,11 @@ MAX_REGEX_BYTES = 4 * 1024
 MAX_JSON_SCHEMA_BYTES = 64 * 1024
 
 
-class SamplingParamError(ValueError):
+class SamplingParamError(InvalidRequestError):
     """A sampling parameter is invalid; `param` names the field (the server reports it)."""
 
     def __init__(self, param: str, message: str):
-        super().__init__(f"{param}: {message}")
-        self.param = param
+        super().__init__(f"{param}: {message}", param=param)
 
 
 @dataclass

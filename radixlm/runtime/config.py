@@ -1,0 +1,65 @@
+"""Frozen configuration dataclasses. Each component takes its own sub-config, never the whole set.
+
+Runs in every process (configs are plain data; the server sends them to children as msgspec/JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: str | None = None  # None = the default model (SmolLM2-135M-Instruct)
+    tokenizer_path: str | None = None  # None = the model directory
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: float32 on CPU, bfloat16 on CUDA)
+    device: str = "auto"  # auto | cpu | cuda
+    context_length: int | None = None  # None = the model's max_position_embeddings
+    num_threads: int | None = None  # torch intra-op threads on CPU; None = number of physical cores
+    attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
+    seed: int = 0  # global RNG seed for unseeded sampling
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    max_total_tokens: int | None = None  # KV pool capacity in tokens; None = from mem_fraction_static
+    mem_fraction_static: float = 0.25  # share of (free) device memory for the KV pool when no explicit size
+    disable_radix_cache: bool = False
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running_requests: int = 128
+    chunked_prefill_size: int = 1024  # per-step budget of prefill tokens (decode tokens come on top)
+    schedule_policy: str = "lpm"  # lpm | dfs-weight | fcfs | lof | random
+    max_queued_requests: int = 4096  # bounded waiting queue (requests)
+    # Admission reserves room for this share of each running request's remaining max_new_tokens,
+    # so decode rarely runs out of slots (SGLang's new_token_ratio); retraction handles the rest.
+    new_token_ratio: float = 0.4
+    enable_mixed_chunk: bool = True  # prefill chunks and decode tokens in one forward
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_options(cls, model_path: str | None = None, **options: Any) -> "EngineConfig":
+        """Split flat keyword options (SGLang-style names) into the sub-configs; unknown names raise."""
+        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        values: dict[str, dict[str, Any]] = {name: {} for name in groups}
+        values["model"]["model_path"] = None if model_path is None else str(model_path)
+        for key, value in options.items():
+            owner = next((g for g, c in groups.items() if key in _field_names(c)), None)
+            if owner is None:
+                raise TypeError(f"unknown engine option {key!r}")
+            values[owner][key] = value
+        return cls(**{g: groups[g](**v) for g, v in values.items()})
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

@@ -1,0 +1,112 @@
+"""EngineLoop: the Engine's background thread that owns the Scheduler.
+
+Runs in the user's process. Only this thread touches the scheduler; other threads hand it work through
+a command queue (submit, abort, or a function to call on the loop thread), so the scheduler needs no
+locks and requests from many threads share every batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from radixlm.runtime.messages import TokenOut
+from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self._commands: queue.Queue = queue.Queue()
+        self._inboxes: dict[str, queue.Queue] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="radixlm-engine", daemon=True)
+        self._thread.start()
+
+    # ---- called from user threads -----------------------------------------------------------------
+    def submit(self, reqs: list[Req], inbox: queue.Queue) -> None:
+        self._check_alive()
+        self._commands.put(("submit", (reqs, inbox)))
+
+    def abort(self, rid: str) -> None:
+        if not self._stopped:
+            self._commands.put(("abort", rid))
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the loop thread (between steps) and return its result."""
+        self._check_alive()
+        fut: Future = Future()
+        self._commands.put(("call", (fn, fut)))
+        return fut.result()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._commands.put(("stop", None))
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    def _check_alive(self) -> None:
+        if self._stopped or not self._thread.is_alive():
+            raise RuntimeError("the engine has been shut down")
+
+    # ---- the loop thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            block = not self.scheduler.has_work()
+            try:
+                while True:
+                    cmd, arg = self._commands.get(block=block)
+                    block = False
+                    if cmd == "stop":
+                        self._dispatch(self.scheduler.abort_all("engine shut down"))
+                        return
+                    self._handle(cmd, arg)
+            except queue.Empty:
+                pass
+            if self.scheduler.has_work():
+                self._step()
+
+    def _handle(self, cmd: str, arg: Any) -> None:
+        if cmd == "submit":
+            reqs, inbox = arg
+            for req in reqs:
+                self._inboxes[req.rid] = inbox
+                try:
+                    self.scheduler.add_request(req)
+                except OverflowError as exc:
+                    self._inboxes.pop(req.rid)
+                    inbox.put(exc)
+        elif cmd == "abort":
+            self._dispatch(self.scheduler.abort(arg))
+        elif cmd == "call":
+            fn, fut = arg
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # report to the caller, keep serving
+                fut.set_exception(exc)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.scheduler.step()
+        except Exception as exc:  # a bug in a step must not hang every caller: fail what is in flight
+            logger.exception("scheduler step failed")
+            self._dispatch(self.scheduler.abort_all(f"internal error: {exc}"))
+            return
+        self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[TokenOut]) -> None:
+        for out in outputs:
+            inbox = self._inboxes.get(out.rid)
+            if inbox is None:
+                continue
+            inbox.put(out)
+            if out.finish is not None:
+                del self._inboxes[out.rid]

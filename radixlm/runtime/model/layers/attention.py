@@ -1,0 +1,114 @@
+"""Attention over the paged KV pool: the backend interface and the torch implementation used on CPU.
+
+Runs inside the scheduler process (model forward). A batch is a flat list of T new tokens from B requests;
+request r contributes extend_lens[r] tokens starting at extend_start_loc[r], whose K/V go to the slots
+out_cache_loc, and it attends to the first seq_lens[r] slots of its row in req_to_token (its cached
+prefix of prefix_lens[r] tokens plus, causally, its own new tokens). Decode is the case extend_lens == 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    req_to_token: torch.Tensor  # int64 [max_requests, max_context]
+    req_pool_indices: torch.Tensor  # int64 [B]
+    seq_lens: torch.Tensor  # int64 [B]  KV length after this step (prefix + new)
+    prefix_lens: torch.Tensor  # int64 [B] tokens already in the pool before this step
+    extend_lens: torch.Tensor  # int64 [B] new tokens this step (decode: 1)
+    extend_start_loc: torch.Tensor  # int64 [B] exclusive cumsum of extend_lens
+    out_cache_loc: torch.Tensor  # int64 [T] slots of the new tokens
+    is_decode: bool  # every request contributes exactly one token
+    sm_scale: float
+    # Host copies, so the torch backend can plan without device syncs.
+    seq_lens_list: list[int]
+    prefix_lens_list: list[int]
+    extend_lens_list: list[int]
+    extend_start_loc_list: list[int]
+
+
+class KVPoolLike(Protocol):
+    k_buffer: list[torch.Tensor]
+    v_buffer: list[torch.Tensor]
+
+
+class AttentionBackend(Protocol):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also stores k/v at meta.out_cache_loc."""
+        ...
+
+
+class TorchAttentionBackend:
+    """Reference-quality attention in plain torch (SDPA), used on CPU.
+
+    Decode rows run as one padded batch (one SDPA call for the whole batch). Prefill rows run one SDPA
+    call per request: prefill is compute-bound, and padding ragged prompts to a common length would
+    waste more than the per-request call costs.
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
+        k_buf, v_buf = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
+        k_buf[meta.out_cache_loc] = k
+        v_buf[meta.out_cache_loc] = v
+        if meta.is_decode:
+            return self._decode(q, k_buf, v_buf, meta, torch.arange(len(meta.seq_lens_list)))
+        out = torch.empty_like(q)
+        decode_rows = [i for i, n in enumerate(meta.extend_lens_list) if n == 1 and meta.prefix_lens_list[i] > 0]
+        if decode_rows:
+            rows = torch.tensor(decode_rows, dtype=torch.int64)
+            token_idx = meta.extend_start_loc.index_select(0, rows.to(q.device))
+            out[token_idx] = self._decode(q.index_select(0, token_idx), k_buf, v_buf, meta, rows)
+        decode_set = set(decode_rows)
+        for i in range(len(meta.extend_lens_list)):
+            if i not in decode_set:
+                self._extend_one(q, k, v, k_buf, v_buf, meta, i, out)
+        return out
+
+    def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
+        # q [b, Hq, D]; gather each row's slots into a padded [b, L, Hkv, D] block and mask the padding.
+        seq_lens = [meta.seq_lens_list[int(r)] for r in rows]
+        max_len = max(seq_lens)
+        dev = q.device
+        req_rows = meta.req_pool_indices.index_select(0, rows.to(dev))
+        slots = meta.req_to_token.index_select(0, req_rows)[:, :max_len]  # [b, L]
+        lens = torch.tensor(seq_lens, device=dev)
+        valid = torch.arange(max_len, device=dev)[None, :] < lens[:, None]  # [b, L]
+        slots = slots.masked_fill(~valid, 0)  # slot 0 is the scratch slot: safe to read
+        kk = k_buf[slots].transpose(1, 2)  # [b, Hkv, L, D]
+        vv = v_buf[slots].transpose(1, 2)
+        qq = q.unsqueeze(2)  # [b, Hq, 1, D]
+        mask = valid[:, None, None, :]  # [b, 1, 1, L]
+        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
+                                           enable_gqa=kk.shape[1] != qq.shape[1])
+        return o.squeeze(2)
+
+    def _extend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
+                    v_buf: torch.Tensor, meta: AttentionMetadata, i: int, out: torch.Tensor) -> None:
+        start, n = meta.extend_start_loc_list[i], meta.extend_lens_list[i]
+        prefix = meta.prefix_lens_list[i]
+        qq = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        if prefix == 0:
+            # Nothing cached: attend to the fresh k/v directly (no gather from the pool).
+            kk = k[start : start + n].transpose(0, 1).unsqueeze(0)
+            vv = v[start : start + n].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=meta.sm_scale,
+                                               enable_gqa=kk.shape[1] != qq.shape[1])
+        else:
+            row = int(meta.req_pool_indices[i])
+            slots = meta.req_to_token[row, : prefix + n]
+            kk = k_buf[slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, prefix + n, D]
+            vv = v_buf[slots].transpose(0, 1).unsqueeze(0)
+            # Causal mask aligned bottom-right: new token j sees everything up to prefix + j.
+            mask = torch.ones(n, prefix + n, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
+                                               enable_gqa=kk.shape[1] != qq.shape[1])
+        out[start : start + n] = o.squeeze(0).transpose(0, 1)

@@ -1,0 +1,47 @@
+"""Rotary position embedding (HF "rotate_half" layout) with rope scaling taken from transformers.
+
+Runs inside the scheduler process. inv_freq comes from transformers' own rope initialisers (default,
+linear, llama3, yarn, ...), so scaled variants match the reference implementation exactly; cos/sin are
+precomputed for every position up to the context length with the same fp32 arithmetic as transformers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"unsupported rope scaling type {rope_type!r}")
+        return ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
+    return inv, 1.0
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, hf_config, head_dim: int, max_positions: int):
+        super().__init__()
+        inv_freq, scaling = _inv_freq(hf_config, head_dim)
+        pos = torch.arange(max_positions, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2], a single fp32 product as in transformers
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)  # [P, D]
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; q [T, Hq, D]; k [T, Hkv, D]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,185 @@
+"""The decoder-only transformer shared by Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm).
+
+Runs inside the scheduler process. Tokens of all requests in a step are one flat [T] batch; attention
+goes through the backend over the paged KV pool. Q/K/V and gate/up projections are fused into one
+matmul each after loading (fewer, larger GEMMs are what make CPU decode fast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.model.layers.attention import AttentionBackend, AttentionMetadata, KVPoolLike
+from radixlm.runtime.model.layers.norm import RMSNorm
+from radixlm.runtime.model.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What distinguishes the supported architectures (the registry maps `architectures` to one)."""
+
+    qkv_bias: bool = False  # Qwen2 (or Llama's attention_bias)
+    qk_norm: bool = False  # Qwen3
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int
+    intermediate: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_eps: float
+    tie_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, c) -> "Dims":
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return cls(c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                   getattr(c, "num_key_value_heads", None) or c.num_attention_heads, head_dim,
+                   c.vocab_size, c.rms_norm_eps, bool(getattr(c, "tie_word_embeddings", False)))
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, d: Dims, arch: ArchSpec, layer_id: int):
+        super().__init__()
+        self.d, self.layer_id = d, layer_id
+        self.q_size, self.kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, d.hidden)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if arch.qkv_bias else None
+        self.o_weight = _param(d.hidden, self.q_size)
+        self.q_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
+        d = self.d
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, d.num_heads, d.head_dim)
+        k = k.reshape(-1, d.num_kv_heads, d.head_dim)
+        v = v.reshape(-1, d.num_kv_heads, d.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        o = backend.forward(q, k, v.contiguous(), self.layer_id, kv_pool, meta)
+        return F.linear(o.reshape(-1, self.q_size), self.o_weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d: Dims, arch: ArchSpec, layer_id: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(d.hidden, d.rms_eps)
+        self.self_attn = Attention(d, arch, layer_id)
+        self.post_attention_layernorm = RMSNorm(d.hidden, d.rms_eps)
+        self.gate_up_weight = _param(2 * d.intermediate, d.hidden)
+        self.down_weight = _param(d.hidden, d.intermediate)
+        self.intermediate = d.intermediate
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, rotary,
+                backend, kv_pool, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.forward_residual(x, residual)
+        h = self.self_attn(h, positions, rotary, backend, kv_pool, meta)
+        h, residual = self.post_attention_layernorm.forward_residual(h, residual)
+        gate, up = F.linear(h, self.gate_up_weight).split(self.intermediate, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight), residual
+
+
+class CausalLM(nn.Module):
+    def __init__(self, hf_config, arch: ArchSpec, max_positions: int):
+        super().__init__()
+        self.dims = d = Dims.from_hf(hf_config)
+        self.embed_tokens = _param(d.vocab_size, d.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(d, arch, i) for i in range(d.num_layers))
+        self.norm = RMSNorm(d.hidden, d.rms_eps)
+        self.lm_head = None if d.tie_embeddings else _param(d.vocab_size, d.hidden)
+        self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+                kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, self.rotary, backend, kv_pool, meta)
+        h = x if residual is None else x + residual
+        h = self.norm(h.index_select(0, logits_indices))
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(h, head).float()
+
+    # ---- weights ----------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take HF-named tensors; q/k/v and gate/up are concatenated into the fused parameters."""
+        pending: dict[str, torch.Tensor] = {}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            target = self._direct_target(name)
+            if target is not None:
+                _copy(self.get_parameter(target), tensor, name)
+                loaded.add(target)
+            else:
+                pending[name] = tensor
+        self._load_fused(pending, loaded)
+        if self.lm_head is not None and "lm_head" not in loaded and "embed_tokens" in loaded:
+            self.lm_head.data.copy_(self.embed_tokens.data)  # checkpoint ties without saying so
+            loaded.add("lm_head")
+        missing = {n for n, _ in self.named_parameters()} - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
+
+    @staticmethod
+    def _direct_target(name: str) -> str | None:
+        if name in ("embed_tokens.weight", "lm_head.weight"):
+            return name.removesuffix(".weight")
+        if name == "norm.weight":
+            return name
+        renames = {"self_attn.o_proj.weight": "self_attn.o_weight", "mlp.down_proj.weight": "down_weight",
+                   "input_layernorm.weight": "input_layernorm.weight",
+                   "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+                   "self_attn.q_norm.weight": "self_attn.q_norm.weight",
+                   "self_attn.k_norm.weight": "self_attn.k_norm.weight"}
+        prefix, _, rest = name.partition(".")
+        if prefix == "layers":
+            idx, _, sub = rest.partition(".")
+            if sub in renames:
+                return f"layers.{idx}.{renames[sub]}"
+        return None
+
+    def _load_fused(self, pending: dict[str, torch.Tensor], loaded: set[str]) -> None:
+        groups = {"self_attn.qkv_weight": [f"self_attn.{p}_proj.weight" for p in "qkv"],
+                  "self_attn.qkv_bias": [f"self_attn.{p}_proj.bias" for p in "qkv"],
+                  "gate_up_weight": ["mlp.gate_proj.weight", "mlp.up_proj.weight"]}
+        for i, layer in enumerate(self.layers):
+            for target, parts in groups.items():
+                names = [f"layers.{i}.{p}" for p in parts]
+                if not all(n in pending for n in names):
+                    continue
+                _copy(layer.get_parameter(target), torch.cat([pending.pop(n) for n in names]), names[0])
+                loaded.add(f"layers.{i}.{target}")
+        unknown = [n for n in pending if not n.endswith("rotary_emb.inv_freq")]
+        if unknown:
+            raise ValueError(f"unexpected weights in checkpoint: {unknown[:5]}")
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if param.shape != tensor.shape:
+        raise ValueError(f"weight {name}: shape {tuple(tensor.shape)} does not match {tuple(param.shape)}")
+    param.data.copy_(tensor)

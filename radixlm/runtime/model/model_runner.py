@@ -1,0 +1,131 @@
+"""ModelRunner: loads the checkpoint, owns the KV pool and the attention backend, runs one forward.
+
+Runs inside the scheduler process. Device, dtype and thread count are decided here, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.config import CacheConfig, ModelConfig
+from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
+from radixlm.runtime.model.registry import build_model
+from radixlm.runtime.scheduler.batch import ForwardBatch
+from radixlm.runtime.scheduler.memory_pool import KVPool
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Without an explicit size the CPU pool never exceeds this many tokens (KV for SmolLM2: ~45 KB/token).
+_CPU_MAX_AUTO_TOKENS = 1 << 17
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    device: str
+    dtype: str
+    num_threads: int
+    context_len: int
+    max_total_tokens: int
+    vocab_size: int
+    model_dir: str
+    architecture: str
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {name!r}")
+    return _DTYPES[name]
+
+
+def default_num_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, model_dir: str, hf_config,
+                 max_running_requests: int):
+        from radixlm.runtime.model.loader import iter_weights
+
+        self.device = resolve_device(model_config.device)
+        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(model_config.num_threads or default_num_threads())
+        self.context_len = _context_len(hf_config, model_config.context_length)
+        t0 = time.perf_counter()
+        with torch.device(self.device):
+            model = build_model(hf_config, self.context_len)  # parameters are torch.empty: no init cost
+        model.load_weights(iter_weights(model_dir, torch.float32))
+        for p in model.parameters():  # rotary cos/sin buffers stay fp32 (they are cast per use)
+            p.data = p.data.to(self.dtype)
+        self.model = model
+        self.dims = model.dims
+        logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
+        self.max_total_tokens = self._capacity(cache_config, max_running_requests)
+        d = self.dims
+        self.kv_pool = KVPool(self.max_total_tokens, d.num_layers, d.num_kv_heads, d.head_dim,
+                              self.dtype, self.device)
+        self.backend = self._attention_backend(model_config.attention_backend)
+        self.sm_scale = d.head_dim ** -0.5
+        self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), torch.get_num_threads(),
+                               self.context_len, self.max_total_tokens, d.vocab_size, str(model_dir),
+                               (getattr(hf_config, "architectures", None) or ["?"])[0])
+
+    def _capacity(self, cache: CacheConfig, max_running_requests: int) -> int:
+        if cache.max_total_tokens is not None:
+            if cache.max_total_tokens < 1:
+                raise ValueError("max_total_tokens must be >= 1")
+            return int(cache.max_total_tokens)
+        d = self.dims
+        per_token = KVPool.bytes_per_token(d.num_layers, d.num_kv_heads, d.head_dim, self.dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return max(1, int(free * cache.mem_fraction_static) // per_token)
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        tokens = int(avail * cache.mem_fraction_static) // per_token
+        return max(1, min(tokens, _CPU_MAX_AUTO_TOKENS, max_running_requests * self.context_len))
+
+    def _attention_backend(self, name: str) -> AttentionBackend:
+        if name == "auto":
+            name = "triton" if self.device.type == "cuda" else "torch"
+        if name == "torch":
+            return TorchAttentionBackend()
+        if name == "triton":
+            from radixlm.runtime.model.layers.attention_triton import TritonAttentionBackend
+
+            return TritonAttentionBackend()
+        raise ValueError(f"attention_backend must be auto, torch or triton; got {name!r}")
+
+    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Run the model on the batch's tokens; return fp32 logits [N, V] at logits_indices."""
+        return self.model(batch.input_ids, batch.positions, self.backend, self.kv_pool, batch.meta,
+                          logits_indices.to(self.device))
+
+
+def _context_len(hf_config, requested: int | None) -> int:
+    model_max = int(getattr(hf_config, "max_position_embeddings", 2048))
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        # Sliding-window attention is not implemented: stay within the window, where it is exact.
+        model_max = min(model_max, int(window))
+    if requested is None:
+        return model_max
+    if requested < 1:
+        raise ValueError("context_length must be >= 1")
+    return int(requested)

@@ -1,0 +1,117 @@
+"""ResponseState: per-request text and meta_info assembled from the scheduler's TokenOuts, in the native
+/generate shape of wire-protocol.md. Runs in the detokenizer (server) or the Engine's user process.
+
+Text rules: stop strings are trimmed from the final text (unless no_stop_trim), a matched stop token
+(eos or stop_token_ids) is left out of the text, and while streaming, a tail that could still become a
+stop string is held back so streamed text never has to be taken back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixlm.runtime.generate_input import PreparedReq
+from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop, holdback_len
+from radixlm.runtime.messages import TokenOut
+
+
+class ResponseState:
+    def __init__(self, rid: str, prepared: PreparedReq, tokenizer):
+        self.rid = rid
+        self.prepared = prepared
+        self.params = prepared.params
+        self.tokenizer = tokenizer
+        self.decoder = IncrementalDecoder(tokenizer, prepared.msg.input_ids, self.params.skip_special_tokens,
+                                          self.params.spaces_between_special_tokens)
+        self.output_ids: list[int] = []
+        self.text = ""
+        self.finish: dict[str, Any] | None = None
+        self.last: TokenOut | None = None
+        self.start = time.perf_counter()
+        self.logprobs: dict[str, list] = {k: [] for k in (
+            "input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs",
+            "output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")}
+        self._new_output_logprobs = 0  # entries added by the latest update (streaming sends only those)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    def update(self, out: TokenOut) -> None:
+        self.last = out
+        self.output_ids.extend(out.new_ids)
+        text_ids = out.new_ids
+        finish = out.finish
+        stop_token = finish is not None and finish["type"] == "stop" and isinstance(finish.get("matched"), int)
+        if stop_token and not self.params.no_stop_trim and text_ids:
+            text_ids = text_ids[:-1]  # the matched stop token is not part of the text
+        before = len(self.decoder.text)
+        self.decoder.push(text_ids)
+        if finish is not None:
+            self.decoder.flush()
+        self.text = self.decoder.text
+        if finish is not None and finish["type"] == "stop" and isinstance(finish.get("matched"), str):
+            if not self.params.no_stop_trim:
+                hit = find_stop(self.text, [finish["matched"]], before)
+                if hit is not None:
+                    self.text = self.text[: hit[1]]
+        self.finish = finish
+        self._add_logprobs(out)
+
+    def _add_logprobs(self, out: TokenOut) -> None:
+        lp = self.logprobs
+        with_text = self.prepared.return_text_in_logprobs
+        lp["input_token_logprobs"] += [self._entry(e, with_text) for e in out.input_logprobs]
+        lp["input_top_logprobs"] += [self._top(t, with_text) for t in out.input_top_logprobs]
+        lp["input_token_ids_logprobs"] += [self._top(t, with_text) for t in out.input_ids_logprobs]
+        lp["output_token_logprobs"] += [self._entry(e, with_text) for e in out.output_logprobs]
+        lp["output_top_logprobs"] += [self._top(t, with_text) for t in out.output_top_logprobs]
+        lp["output_token_ids_logprobs"] += [self._top(t, with_text) for t in out.output_ids_logprobs]
+        self._new_output_logprobs = len(out.output_logprobs)
+
+    def _entry(self, entry, with_text: bool) -> list:
+        logprob, tid = entry
+        return [logprob, tid, self.tokenizer.decode([tid]) if with_text else None]
+
+    def _top(self, top, with_text: bool):
+        return None if top is None else [self._entry(e, with_text) for e in top]
+
+    def visible_text(self) -> str:
+        """Streaming: the text minus a tail that might still turn into a stop string."""
+        if self.finished or not self.params.stop:
+            return self.text
+        return self.text[: len(self.text) - holdback_len(self.text, self.params.stop)]
+
+    def to_dict(self, streaming: bool = False) -> dict[str, Any]:
+        msg, last = self.prepared.msg, self.last
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish,
+            "prompt_tokens": len(msg.input_ids),
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": last.cached_tokens if last else 0,
+            "e2e_latency": time.perf_counter() - self.start,
+        }
+        if last is not None and last.num_jump_forward_tokens:
+            meta["jump_forward_tokens"] = last.num_jump_forward_tokens
+        if msg.return_logprob:
+            meta.update(self._logprob_meta(streaming))
+        return {"text": self.visible_text() if streaming else self.text, "output_ids": list(self.output_ids),
+                "meta_info": meta}
+
+    def _logprob_meta(self, streaming: bool) -> dict[str, Any]:
+        lp, msg = self.logprobs, self.prepared.msg
+        keys = ["input_token_logprobs", "output_token_logprobs"]
+        if msg.top_logprobs_num > 0:
+            keys += ["input_top_logprobs", "output_top_logprobs"]
+        if msg.token_ids_logprob is not None:
+            keys += ["input_token_ids_logprobs", "output_token_ids_logprobs"]
+        out = {k: lp[k] for k in keys}
+        if streaming:  # output logprobs: only the new entries; the cumulative count alongside
+            n = self._new_output_logprobs
+            for k in keys:
+                if k.startswith("output_"):
+                    out[k] = lp[k][len(lp[k]) - n :] if n else []
+            out["output_token_logprobs_length"] = len(lp["output_token_logprobs"])
+        return out

@@ -1,0 +1,182 @@
+"""OutputProcessor: which logits a step needs, then sampling, logprobs and finish checks.
+
+Runs in the scheduler process. Logprob semantics follow wire-protocol.md: input logprobs cover prompt
+positions [logprob_start_len, prompt_len), the first entry's logprob is null, and the logprob of token p
+comes from the logits at position p - 1. All logprobs are log_softmax of the raw model logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop
+from radixlm.runtime.messages import TokenOut
+from radixlm.runtime.model import logprobs as lp
+from radixlm.runtime.model.sampler import Sampler, SamplingRow
+from radixlm.runtime.scheduler.batch import ForwardBatch
+from radixlm.runtime.scheduler.request import FinishReason, Req
+
+
+@dataclass
+class LogitsPlan:
+    indices: torch.Tensor  # int64 [N]: token positions of the batch whose logits are computed
+    sample: list[tuple[int, int]] = field(default_factory=list)  # (row index, logits row)
+    # (row index, first prompt position p, number of positions): logits rows for input logprobs
+    prompt: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, p0, count, logits row0)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int], context_len: int):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.context_len = context_len
+        self.sampler = Sampler(vocab_size, eos_token_ids)
+        self._stop_decoders: dict[str, IncrementalDecoder] = {}
+
+    # ---- before the forward -----------------------------------------------------------------------
+    def plan_logits(self, batch: ForwardBatch) -> LogitsPlan:
+        indices: list[int] = []
+        plan = LogitsPlan(torch.empty(0))
+        for i, row in enumerate(batch.rows):
+            req = row.req
+            if req.wants_input_logprobs() and not req.input_logprobs_done:
+                # Positions p in [start, L - 2] predict prompt tokens p + 1 (L - 1 predicts the output).
+                lo = max(row.start, req.logprob_start())
+                hi = min(row.end, len(req.input_ids) - 1)
+                if hi > lo:
+                    plan.prompt.append((i, lo, hi - lo, len(indices)))
+                    indices.extend(batch.token_index(i, p) for p in range(lo, hi))
+            if row.end == req.seq_len() and len(req.output_ids) < req.max_new_tokens:
+                plan.sample.append((i, len(indices)))
+                indices.append(batch.token_index(i, row.end - 1))
+        plan.indices = torch.tensor(indices, dtype=torch.int64)
+        return plan
+
+    # ---- after the forward ------------------------------------------------------------------------
+    def process(self, batch: ForwardBatch, plan: LogitsPlan, logits: torch.Tensor) -> tuple[list[TokenOut], list[Req]]:
+        for i, p0, count, r0 in plan.prompt:
+            self._prompt_logprobs(batch.rows[i].req, p0, logits[r0 : r0 + count])
+        new_tokens: dict[int, list[int]] = {}
+        if plan.sample:
+            reqs = [batch.rows[i].req for i, _ in plan.sample]
+            rows_logits = logits[[r for _, r in plan.sample]]
+            sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs])
+            self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
+            for (i, _), req, tok in zip(plan.sample, reqs, sampled.token_ids):
+                req.output_ids.append(tok)
+                req.finish = self._check_finish(req, tok)
+                new_tokens[i] = [tok]
+        outputs: list[TokenOut] = []
+        finished: list[Req] = []
+        for i, row in enumerate(batch.rows):
+            req = row.req
+            if row.end >= len(req.input_ids) and not req.input_logprobs_done:
+                if req.wants_input_logprobs():
+                    _first_input_entry(req)
+                req.input_logprobs_done = True
+            if i not in new_tokens and row.end == req.seq_len() and req.max_new_tokens == 0:
+                req.finish = FinishReason("length", length=0)  # prefill only (scoring)
+            if i in new_tokens or req.finish is not None:
+                outputs.append(self.make_output(req, new_tokens.get(i, [])))
+            if req.finish is not None:
+                finished.append(req)
+                self._stop_decoders.pop(req.rid, None)
+        return outputs, finished
+
+    def _sampling_row(self, req: Req) -> SamplingRow:
+        return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, None)
+
+    def _prompt_logprobs(self, req: Req, p0: int, logits: torch.Tensor) -> None:
+        acc, want = req.logprobs, req.logprob
+        _first_input_entry(req)
+        targets = torch.tensor(req.input_ids[p0 + 1 : p0 + 1 + logits.shape[0]], dtype=torch.int64)
+        values = lp.token_logprobs(logits, targets).tolist()
+        acc.input_token.extend(zip(values, targets.tolist()))
+        if want.top_logprobs_num > 0:
+            acc.input_top.extend(_top(logits, want.top_logprobs_num))
+        else:
+            acc.input_top.extend([None] * logits.shape[0])
+        if want.token_ids_logprob:
+            acc.input_ids_logprob.extend(_of_ids(logits, want.token_ids_logprob))
+        else:
+            acc.input_ids_logprob.extend([None] * logits.shape[0])
+
+    def _output_logprobs(self, reqs: list[Req], logits: torch.Tensor, tokens: list[int], values: list[float]) -> None:
+        for j, req in enumerate(reqs):
+            if not req.logprob.return_logprob:
+                continue
+            acc, want = req.logprobs, req.logprob
+            acc.output_token.append((values[j], tokens[j]))
+            if want.top_logprobs_num > 0:
+                acc.output_top.extend(_top(logits[j : j + 1], want.top_logprobs_num))
+            if want.token_ids_logprob:
+                acc.output_ids_logprob.extend(_of_ids(logits[j : j + 1], want.token_ids_logprob))
+
+    def _check_finish(self, req: Req, token: int) -> FinishReason | None:
+        params = req.params
+        n = len(req.output_ids)
+        if n >= params.max_new_tokens:
+            return FinishReason("length", length=params.max_new_tokens)
+        if req.seq_len() >= self.context_len:
+            return FinishReason("length", length=n)
+        if n < params.min_new_tokens:
+            return None
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+            return FinishReason("stop", matched=token)
+        if params.stop:
+            return self._check_stop_strings(req, token)
+        return None
+
+    def _check_stop_strings(self, req: Req, token: int) -> FinishReason | None:
+        dec = self._stop_decoders.get(req.rid)
+        if dec is None:
+            dec = IncrementalDecoder(self.tokenizer, req.input_ids, req.params.skip_special_tokens,
+                                     req.params.spaces_between_special_tokens)
+            dec.push(req.output_ids[:-1])
+            req.stop_checked_len = len(dec.text)
+            self._stop_decoders[req.rid] = dec
+        dec.push([token])
+        hit = find_stop(dec.text, req.params.stop, req.stop_checked_len)
+        req.stop_checked_len = len(dec.text)
+        return FinishReason("stop", matched=hit[0]) if hit else None
+
+    def make_output(self, req: Req, new_ids: list[int]) -> TokenOut:
+        acc = req.logprobs
+        out = TokenOut(rid=req.rid, new_ids=new_ids, prompt_tokens=len(req.input_ids),
+                       completion_tokens=len(req.output_ids), cached_tokens=req.cached_len,
+                       finish=req.finish.to_json() if req.finish else None,
+                       num_jump_forward_tokens=req.num_jump_forward_tokens)
+        if req.logprob.return_logprob:
+            k = len(new_ids)
+            out.output_logprobs = acc.output_token[len(acc.output_token) - k :] if k else []
+            if req.logprob.top_logprobs_num > 0 and k:
+                out.output_top_logprobs = acc.output_top[-k:]
+            if req.logprob.token_ids_logprob and k:
+                out.output_ids_logprobs = acc.output_ids_logprob[-k:]
+            if req.input_logprobs_done and not req.input_logprobs_sent:
+                req.input_logprobs_sent = True
+                out.input_logprobs = acc.input_token
+                out.input_top_logprobs = acc.input_top if req.logprob.top_logprobs_num > 0 else []
+                out.input_ids_logprobs = acc.input_ids_logprob if req.logprob.token_ids_logprob else []
+        return out
+
+
+def _first_input_entry(req: Req) -> None:
+    """The token at logprob_start has no logprob (nothing before it is scored): a null entry."""
+    acc = req.logprobs
+    if not acc.input_token:
+        acc.input_token.append((None, req.input_ids[req.logprob_start()]))
+        acc.input_top.append(None)
+        acc.input_ids_logprob.append(None)
+
+
+def _top(logits: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
+    values, ids = lp.top_logprobs(logits, min(k, logits.shape[-1]))
+    return [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]
+
+
+def _of_ids(logits: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:
+    values = lp.logprobs_of_ids(logits, ids).tolist()
+    return [list(zip(v, ids)) for v in values]

@@ -1,0 +1,218 @@
+"""Scheduler: continuous batching with chunked prefill, mixed prefill+decode steps and retraction.
+
+Runs in the scheduler process; a plain class with no sockets (loop.py does the IO, the in-process
+Engine calls it directly). Each `step()` plans one forward pass:
+  1. every decoding request gets one token (retracting victims if the pool cannot hold them),
+  2. requests part-way through a chunked prefill continue within the per-step token budget,
+  3. waiting requests are admitted in policy order while budget, rows and KV capacity last,
+then runs the model and hands the logits to the OutputProcessor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import torch
+
+from radixlm.runtime.config import SchedulerConfig
+from radixlm.runtime.messages import TokenOut
+from radixlm.runtime.model.model_runner import ModelRunner
+from radixlm.runtime.scheduler.batch import PlannedRow, build_forward_batch
+from radixlm.runtime.scheduler.kv_cache import KVCacheManager
+from radixlm.runtime.scheduler.output_processor import OutputProcessor
+from radixlm.runtime.scheduler.policy import SchedulePolicy
+from radixlm.runtime.scheduler.request import FinishReason, Req
+from radixlm.runtime.scheduler.stats import CacheStats
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, kv: KVCacheManager, config: SchedulerConfig,
+                 outputs: OutputProcessor):
+        self.runner = runner
+        self.kv = kv
+        self.config = config
+        self.out = outputs
+        self.policy = SchedulePolicy(config.schedule_policy, kv.tree)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.stats = CacheStats()
+        self._arrivals = 0
+        self.num_forward_steps = 0
+
+    # ---- requests in and out ----------------------------------------------------------------------
+    def add_request(self, req: Req) -> None:
+        if len(self.waiting) >= self.config.max_queued_requests:
+            raise OverflowError("the waiting queue is full")
+        self._arrivals += 1
+        req.arrival = self._arrivals
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> list[TokenOut]:
+        """Abort by exact rid; returns the terminal output (empty if the rid is unknown or done)."""
+        for queue in (self.waiting, self.running):
+            for req in list(queue):
+                if req.rid == rid:
+                    queue.remove(req)
+                    return [self._finish_now(req, "aborted by request")]
+        return []
+
+    def abort_all(self, message: str = "aborted") -> list[TokenOut]:
+        reqs = list(self.waiting) + self.running
+        self.waiting.clear()
+        self.running = []
+        return [self._finish_now(r, message) for r in reqs]
+
+    def _finish_now(self, req: Req, message: str) -> TokenOut:
+        req.finish = FinishReason("abort", message=message)
+        self.kv.release(req)
+        return self.out.make_output(req, [])
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; only allowed when idle (returns False otherwise)."""
+        if self.has_work():
+            return False
+        self.kv.flush()
+        return True
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def step(self) -> list[TokenOut]:
+        rows = self._plan()
+        if not rows:
+            return self._drain_stuck()
+        batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
+        plan = self.out.plan_logits(batch)
+        logits = self.runner.forward(batch, plan.indices)
+        self.num_forward_steps += 1
+        for row in rows:
+            row.req.num_computed_tokens += row.num_new
+        outputs, finished = self.out.process(batch, plan, logits)
+        for req in finished:
+            self.running.remove(req)
+            self.kv.release(req)
+        for req in self.running:
+            if req.remaining_prefill() > 1:
+                self.kv.cache_computed_prefix(req)  # chunked prefill: share the computed part now
+        return outputs
+
+    def _plan(self) -> list[PlannedRow]:
+        decode = [r for r in self.running if r.remaining_prefill() == 1]
+        decode = self._reserve_decode_slots(decode)
+        rows = [PlannedRow(r, r.kv_len - 1, 1) for r in decode]
+        budget = self.config.chunked_prefill_size
+        for req in self.running:
+            if req.remaining_prefill() > 1 and budget > 0:
+                row = self._extend(req, budget)
+                if row is not None:
+                    rows.append(row)
+                    budget -= row.num_new
+        rows += self._admit(budget)
+        if not self.config.enable_mixed_chunk and len(rows) > len(decode) and decode:
+            rows = self._undo_decode(rows, decode)
+        return rows
+
+    def _reserve_decode_slots(self, decode: list[Req]) -> list[Req]:
+        """Allocate one slot per decoding request, retracting victims while the pool is short."""
+        while decode and self.kv.available() < len(decode):
+            victim = self._pick_victim()
+            if victim is None:
+                break
+            self._retract(victim)
+            decode = [r for r in decode if r is not victim]
+        planned = []
+        for req in decode:
+            if self.kv.extend(req, 1):
+                planned.append(req)
+        return planned
+
+    def _pick_victim(self) -> Req | None:
+        if len(self.running) <= 1:
+            return None
+        # SGLang's choice: fewest generated tokens first, then the longest prompt (cheapest to redo
+        # relative to the memory it frees, and least work thrown away).
+        return min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+
+    def _retract(self, req: Req) -> None:
+        self.running.remove(req)
+        self.kv.release(req)  # its K/V go into the radix tree: the retry usually re-matches them
+        req.num_retractions += 1
+        self.stats.num_retractions += 1
+        self.waiting.appendleft(req)
+
+    def _extend(self, req: Req, budget: int) -> PlannedRow | None:
+        start = req.kv_len
+        num = min(req.remaining_prefill(), budget)
+        if not self.kv.extend(req, num):
+            return None
+        return PlannedRow(req, start, num)
+
+    def _admit(self, budget: int) -> list[PlannedRow]:
+        rows: list[PlannedRow] = []
+        if not self.waiting or budget <= 0:
+            return rows
+        reserved = self._reserved_tokens()
+        for req in self.policy.order(list(self.waiting)):
+            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+                break
+            if not self.kv.admit(req, self._max_match(req)):
+                break
+            num = min(req.remaining_prefill(), budget)
+            # Room for part of its future decode tokens; a request alone in the engine needs none
+            # (retraction covers it), so a large request can always start when the engine is idle.
+            reserve = int(self.config.new_token_ratio * (req.max_new_tokens - len(req.output_ids)))
+            need = num + (reserve if self.running else 0)
+            if self.kv.available() - reserved < need or not self.kv.extend(req, num):
+                self.kv.release(req)
+                break
+            self._record_admission(req)
+            self.waiting.remove(req)
+            self.running.append(req)
+            rows.append(PlannedRow(req, req.kv_len - num, num))
+            budget -= num
+            reserved += need - num
+        return rows
+
+    def _max_match(self, req: Req) -> int:
+        # Always compute at least the last token (its logits are what we sample from); and when prompt
+        # logprobs are still owed, compute every position they cover.
+        limit = req.seq_len() - 1
+        if req.wants_input_logprobs() and not req.input_logprobs_done:
+            limit = min(limit, req.logprob_start())
+        return limit
+
+    def _record_admission(self, req: Req) -> None:
+        if not req.first_admitted:
+            req.first_admitted = True
+            req.cached_len = req.tree_len
+            self.stats.record_prompt(len(req.input_ids), req.tree_len)
+
+    def _reserved_tokens(self) -> int:
+        ratio = self.config.new_token_ratio
+        return sum(int(ratio * max(0, r.max_new_tokens - len(r.output_ids))) for r in self.running)
+
+    def _undo_decode(self, rows: list[PlannedRow], decode: list[Req]) -> list[PlannedRow]:
+        """Non-mixed mode: give the step to prefill and return the decode slots just taken."""
+        for req in decode:
+            req.kv_len -= 1
+            self.kv.allocator.free(self.kv.table.table[req.row, req.kv_len : req.kv_len + 1].clone())
+        return [r for r in rows if r.req not in decode]
+
+    def _drain_stuck(self) -> list[TokenOut]:
+        """Nothing could be scheduled although work exists: free memory by retracting a request, or,
+        when a single request cannot fit even alone, end it with an error instead of spinning."""
+        if len(self.running) > 1:
+            self._retract(self._pick_victim())
+            return []
+        if self.running:
+            return [self._finish_now(self.running.pop(), "KV cache pool exhausted")]
+        if self.waiting:
+            return [self._finish_now(self.waiting.popleft(), "request does not fit in the KV cache pool")]
+        return []
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.running)
