@@ -86,6 +86,10 @@ class KVPool:
         # torch.empty: pages are touched only when written, so a large pool costs nothing until used.
         self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Padded attention rows read the scratch slot under a zero mask weight; 0 * NaN is NaN, so the
+        # scratch slot must hold finite values (recycled memory can hold anything).
+        for buf in self.k_buffer + self.v_buffer:
+            buf[0].zero_()
         self.num_slots = num_slots
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
