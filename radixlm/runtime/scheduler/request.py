@@ -77,7 +77,6 @@ class Req:
     num_retractions: int = 0
     stop_checked_len: int = 0  # chars of decoded output already scanned for stop strings
     grammar: Any = None  # per-request grammar matcher (constrained decoding), or None
-    num_computed_tokens: int = 0  # tokens this request pushed through the model (for cache accounting)
     num_jump_forward_tokens: int = 0
     first_admitted: bool = False
 

@@ -13,19 +13,21 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-import torch
-
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.model.model_runner import ModelRunner
 from radixlm.runtime.scheduler.batch import PlannedRow, build_forward_batch
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
 from radixlm.runtime.scheduler.output_processor import OutputProcessor
-from radixlm.runtime.scheduler.policy import SchedulePolicy
+from radixlm.runtime.scheduler.policy import CACHE_AWARE, SchedulePolicy
 from radixlm.runtime.scheduler.request import FinishReason, Req
 from radixlm.runtime.scheduler.stats import CacheStats
 
 logger = logging.getLogger(__name__)
+
+# Defer a waiting request whose prompt shares at least this many not-yet-cached tokens with a request
+# admitted in the same step (SGLang's in-batch prefix caching): the prefix is computed once.
+IN_BATCH_PREFIX_THRESHOLD = 32
 
 
 class Scheduler:
@@ -41,6 +43,7 @@ class Scheduler:
         self.stats = CacheStats()
         self._arrivals = 0
         self.num_forward_steps = 0
+        self.num_computed_tokens = 0  # tokens pushed through the model (prefill + decode)
 
     # ---- requests in and out ----------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -89,15 +92,16 @@ class Scheduler:
         plan = self.out.plan_logits(batch)
         logits = self.runner.forward(batch, plan.indices)
         self.num_forward_steps += 1
-        for row in rows:
-            row.req.num_computed_tokens += row.num_new
+        self.num_computed_tokens += batch.num_tokens
         outputs, finished = self.out.process(batch, plan, logits)
         for req in finished:
             self.running.remove(req)
             self.kv.release(req)
-        for req in self.running:
-            if req.remaining_prefill() > 1:
-                self.kv.cache_computed_prefix(req)  # chunked prefill: share the computed part now
+        for row in rows:
+            # A prompt (or chunk of one) just computed goes into the tree now, not at finish, so
+            # siblings admitted in the next steps share it (SGLang's cache_unfinished_req).
+            if row.num_new > 1 and not row.req.finished:
+                self.kv.cache_computed_prefix(row.req)
         return outputs
 
     def _plan(self) -> list[PlannedRow]:
@@ -156,9 +160,13 @@ class Scheduler:
         if not self.waiting or budget <= 0:
             return rows
         reserved = self._reserved_tokens()
+        cache_aware = self.policy.active_policy(len(self.waiting)) in CACHE_AWARE
+        in_batch: list[Req] = []
         for req in self.policy.order(list(self.waiting)):
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
+            if cache_aware and _shares_uncached_prefix(req, in_batch):
+                continue  # a sibling computes the shared part this step; this one reuses it next step
             if not self.kv.admit(req, self._max_match(req)):
                 break
             num = min(req.remaining_prefill(), budget)
@@ -170,6 +178,7 @@ class Scheduler:
                 self.kv.release(req)
                 break
             self._record_admission(req)
+            in_batch.append(req)
             self.waiting.remove(req)
             self.running.append(req)
             rows.append(PlannedRow(req, req.kv_len - num, num))
@@ -216,3 +225,22 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.running)
+
+
+def _shares_uncached_prefix(req: Req, in_batch: list[Req]) -> bool:
+    ids = req.full_ids()
+    for other in in_batch:
+        if other.namespace != req.namespace:
+            continue
+        n = _common_prefix_len(ids, other.full_ids())
+        if n - req.prefix_len >= IN_BATCH_PREFIX_THRESHOLD:
+            return True
+    return False
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
