@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
+    # generate() may be called from many threads at once; the loop thread batches them together.
+    supports_concurrent_generate = True
+
     def __init__(self, model_path: str | None = None, **options: Any):
         from transformers import AutoConfig
 

@@ -1,0 +1,183 @@
+"""SglFunction (what `@function` returns) and how programs run: run, run_batch, trace.
+
+Runs in the user's process. `run` executes one program (its expressions on a worker thread);
+`run_batch` runs many, one thread per program, after prefilling the program's constant prefix once
+so every item hits the radix cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import multiprocessing
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import tqdm
+
+from radixlm.lang.backend.base import BaseBackend
+from radixlm.lang.global_config import global_config
+from radixlm.lang.interpreter import StreamExecutor
+from radixlm.lang.ir import GenParams
+from radixlm.lang.state import ProgramState
+
+
+def resolve_backend(backend: Any) -> BaseBackend:
+    """The backend to run on: the argument, else the default; a Runtime means its endpoint and a
+    radixlm.Engine gets its (shared) in-process backend."""
+    backend = backend if backend is not None else global_config.default_backend
+    if backend is None:
+        raise ValueError("no backend: call radixlm.set_default_backend(...) or pass backend=")
+    if hasattr(backend, "endpoint"):
+        backend = backend.endpoint
+    if isinstance(backend, BaseBackend):
+        return backend
+    from radixlm.lang.backend.engine import backend_for_engine, looks_like_engine
+
+    if looks_like_engine(backend):
+        return backend_for_engine(backend)
+    raise TypeError(f"{type(backend).__name__} is not a radixlm backend")
+
+
+_GEN_FIELDS = frozenset(f.name for f in dataclasses.fields(GenParams))
+
+
+def _default_params(run_arguments: dict[str, Any]) -> GenParams:
+    """The sampling defaults among run()/run_batch()'s arguments (unset stop lists mean none)."""
+    values = {k: v for k, v in run_arguments.items() if k in _GEN_FIELDS}
+    for name in ("stop", "stop_token_ids", "stop_regex"):
+        values[name] = values.get(name) or []
+    return GenParams(**values)
+
+
+class SglFunction:
+    """A program: a Python function whose first parameter `s` is the program state."""
+
+    def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
+                 bind_arguments: dict[str, Any] | None = None):
+        self.func = func
+        # Accepted for SGLang compatibility; radixlm backends do not speculate over chat APIs.
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = bind_arguments or {}
+        spec = inspect.getfullargspec(func)
+        if not spec.args or spec.args[0] != "s":
+            raise TypeError(f'the first argument of program {func.__name__!r} must be "s"')
+        self.arg_names = spec.args[1:]
+        self.arg_defaults = spec.defaults or ()
+        self.__name__ = func.__name__
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs: Any) -> "SglFunction":
+        unknown = [k for k in kwargs if k not in self.arg_names]
+        if unknown:
+            raise TypeError(f"program {self.__name__!r} has no arguments {unknown}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def run(self, *args: Any, max_new_tokens: int = 128, stop: str | list[str] | None = None,
+            stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None,
+            temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
+            frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
+            return_logprob: bool | None = None, logprob_start_len: int | None = None,
+            top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
+            stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
+        """Run once; keyword arguments not named here are the program's arguments."""
+        defaults = _default_params(locals())
+        return run_program(self, resolve_backend(backend), args, kwargs, defaults, stream)
+
+    def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]], *,
+                  max_new_tokens: int = 128, stop: str | list[str] | None = None,
+                  stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None,
+                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
+                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
+                  return_logprob: bool | None = None, logprob_start_len: int | None = None,
+                  top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
+                  backend: Any = None, num_threads: int | str = "auto",
+                  progress_bar: bool = False) -> list[ProgramState]:
+        """Run once per item (a dict of arguments, or a tuple in parameter order); results in input order."""
+        if not isinstance(batch_kwargs, (list, tuple)):
+            raise TypeError("run_batch takes a list of argument dicts")
+        items = [self._as_kwargs(item) for item in batch_kwargs]
+        defaults = _default_params(locals())
+        return run_program_batch(self, resolve_backend(backend), items, defaults, num_threads, progress_bar)
+
+    def _as_kwargs(self, item: Any) -> dict[str, Any]:
+        if isinstance(item, dict):
+            return item
+        if isinstance(item, (list, tuple)) and \
+                len(self.arg_names) - len(self.arg_defaults) <= len(item) <= len(self.arg_names):
+            return dict(zip(self.arg_names, item))
+        raise TypeError(f"run_batch item {item!r} does not match the arguments of {self.__name__!r}")
+
+    def trace(self, *, backend: Any = None, **kwargs: Any):
+        """The constant prefix of this program (see radixlm.lang.tracer)."""
+        from radixlm.lang.tracer import trace_program
+
+        return trace_program(self, resolve_backend(backend), kwargs)
+
+    def cache(self, backend: Any = None) -> None:
+        cache_program(self, resolve_backend(backend))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+
+def run_program(program: SglFunction, backend: BaseBackend, args: tuple[Any, ...], kwargs: dict[str, Any],
+                defaults: GenParams, stream: bool, use_thread: bool = True) -> ProgramState:
+    kwargs = {**kwargs, **program.bind_arguments}
+    exe = StreamExecutor(backend, kwargs, defaults, None, stream, program.num_api_spec_tokens, use_thread)
+    state = ProgramState(exe)
+    if stream:
+        threading.Thread(target=_run_in_background, args=(state, program, args, kwargs), daemon=True).start()
+        return state
+    try:
+        state.ret_value = program.func(state, *args, **kwargs)
+    finally:
+        exe.end()
+    exe.sync()  # surfaces a failure of the last expressions, with their program line
+    return state
+
+
+def _run_in_background(state: ProgramState, program: SglFunction, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> None:
+    try:
+        state.ret_value = program.func(state, *args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - handed to whoever reads the stream
+        state.stream_executor.record_error(e)
+    finally:
+        state.stream_executor.end()
+
+
+def cache_program(program: SglFunction, backend: BaseBackend) -> None:
+    """Prefill the program's constant prefix once, if it is long enough to matter."""
+    from radixlm.lang.tracer import extract_prefix_by_tracing
+
+    prefix = extract_prefix_by_tracing(program, backend)
+    if prefix and len(prefix) > global_config.min_precache_prefix_chars:
+        backend.cache_prefix(prefix)
+
+
+def run_program_batch(program: SglFunction, backend: BaseBackend, items: list[dict[str, Any]],
+                      defaults: GenParams, num_threads: int | str, progress_bar: bool) -> list[ProgramState]:
+    if not items:
+        return []
+    if global_config.enable_precache_with_tracing and len(items) > 1:
+        cache_program(program, backend)
+    if num_threads == "auto":
+        num_threads = max(96, multiprocessing.cpu_count() * 16)
+    num_threads = max(1, min(int(num_threads), len(items)))
+    pbar = tqdm.tqdm(total=len(items), disable=not progress_bar)
+
+    def one(item: dict[str, Any]) -> ProgramState:
+        state = run_program(program, backend, (), item, defaults, stream=False)
+        pbar.update(1)
+        return state
+
+    try:
+        if num_threads == 1:
+            return [one(item) for item in items]
+        with ThreadPoolExecutor(num_threads, thread_name_prefix="radixlm-batch") as pool:
+            futures = [pool.submit(one, item) for item in items]
+            return [f.result() for f in futures]
+    finally:
+        pbar.close()
