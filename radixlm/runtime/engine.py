@@ -11,19 +11,11 @@ import logging
 import queue
 from typing import Any, Iterator
 
-import torch
-
+from radixlm.runtime.builder import build_scheduler, make_req
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.engine_loop import EngineLoop
-from radixlm.runtime.generate_input import InputLimits, PreparedReq, prepare_generate
-from radixlm.runtime.model.model_runner import ModelRunner
-from radixlm.runtime.model.sampler import make_generator
+from radixlm.runtime.generate_input import PreparedReq, prepare_generate
 from radixlm.runtime.response import ResponseState
-from radixlm.runtime.scheduler.kv_cache import KVCacheManager
-from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable, TokenAllocator
-from radixlm.runtime.scheduler.output_processor import OutputProcessor
-from radixlm.runtime.scheduler.request import LogprobRequest, Req
-from radixlm.runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -33,27 +25,14 @@ class Engine:
     supports_concurrent_generate = True
 
     def __init__(self, model_path: str | None = None, **options: Any):
-        from transformers import AutoConfig
-
-        from radixlm.runtime.model.loader import load_tokenizer, resolve_model_path
-
         self.config = EngineConfig.from_options(model_path, **options)
-        mc = self.config.model
-        self.model_dir = resolve_model_path(mc.model_path)
-        self.tokenizer = load_tokenizer(mc.tokenizer_path or self.model_dir)
-        hf_config = AutoConfig.from_pretrained(self.model_dir)
-        torch.manual_seed(mc.seed)
-        sc = self.config.scheduler
-        self.runner = ModelRunner(mc, self.config.cache, str(self.model_dir), hf_config, sc.max_running_requests)
-        info = self.runner.info
-        kv = KVCacheManager(TokenAllocator(info.max_total_tokens, self.runner.device),
-                            ReqToTokenTable(sc.max_running_requests, info.context_len + 1, self.runner.device),
-                            self.config.cache.disable_radix_cache)
-        self.eos_token_ids = eos_token_ids(self.tokenizer, hf_config, self.model_dir)
-        outputs = OutputProcessor(self.tokenizer, info.vocab_size, self.eos_token_ids, info.context_len)
-        self.scheduler = Scheduler(self.runner, kv, sc, outputs)
-        self.limits = InputLimits(vocab_size=info.vocab_size, context_len=info.context_len,
-                                  max_total_tokens=info.max_total_tokens)
+        built = build_scheduler(self.config)
+        self.model_dir = built.model_dir
+        self.tokenizer = built.tokenizer
+        self.runner = built.runner
+        self.scheduler = built.scheduler
+        self.eos_token_ids = built.eos_token_ids
+        self.limits = built.limits
         self._loop = EngineLoop(self.scheduler)
 
     # ---- generation -------------------------------------------------------------------------------
@@ -82,20 +61,12 @@ class Engine:
         rids = [p.msg.rid] if n == 1 else [f"{p.msg.rid}-{i}" for i in range(n)]
         return [ResponseState(rid, p, self.tokenizer) for rid in rids]
 
-    def _make_req(self, state: ResponseState, child: int) -> Req:
-        msg, params = state.prepared.msg, state.params
-        seed = None if params.sampling_seed is None else params.sampling_seed + child
-        return Req(rid=state.rid, input_ids=list(msg.input_ids), params=params, namespace=msg.namespace,
-                   logprob=LogprobRequest(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num,
-                                          msg.token_ids_logprob),
-                   generator=make_generator(seed, self.runner.device))
-
     def _submit(self, states: list[ResponseState]) -> queue.Queue:
         inbox: queue.Queue = queue.Queue()
         reqs = []
         for state in states:
             child = int(state.rid.rsplit("-", 1)[1]) if state.rid != state.prepared.msg.rid else 0
-            reqs.append(self._make_req(state, child))
+            reqs.append(make_req(state.prepared.msg, state.params, state.rid, child, self.runner.device))
         self._loop.submit(reqs, inbox)
         return inbox
 
@@ -179,22 +150,3 @@ class Engine:
             self._loop.stop()
         except Exception:
             pass
-
-
-def eos_token_ids(tokenizer, hf_config, model_dir) -> frozenset[int]:
-    """EOS ids from the config, generation_config.json (what transformers' generate stops on) and the
-    tokenizer."""
-    from transformers import GenerationConfig
-
-    try:
-        gen_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-    except OSError:  # no generation_config.json
-        gen_eos = None
-    ids: set[int] = set()
-    for source in (getattr(hf_config, "eos_token_id", None), gen_eos, getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(x) for x in source)
-    return frozenset(ids)
-
