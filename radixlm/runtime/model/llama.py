@@ -16,7 +16,7 @@ from torch import nn
 
 from radixlm.runtime.model.layers.attention import AttentionBackend, AttentionMetadata, KVPoolLike
 from radixlm.runtime.model.layers.norm import RMSNorm
-from radixlm.runtime.model.layers.rotary import RotaryEmbedding
+from radixlm.runtime.model.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
         d = self.d
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -72,7 +72,7 @@ class Attention(nn.Module):
         v = v.reshape(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         o = backend.forward(q, k, v.contiguous(), self.layer_id, kv_pool, meta)
         return F.linear(o.reshape(-1, self.q_size), self.o_weight)
 
@@ -87,13 +87,13 @@ class DecoderLayer(nn.Module):
         self.down_weight = _param(d.hidden, d.intermediate)
         self.intermediate = d.intermediate
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, rotary,
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 backend, kv_pool, meta) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm.forward_residual(x, residual)
-        h = self.self_attn(h, positions, rotary, backend, kv_pool, meta)
+        h = self.self_attn(h, rope, backend, kv_pool, meta)
         h, residual = self.post_attention_layernorm.forward_residual(h, residual)
         gate, up = F.linear(h, self.gate_up_weight).split(self.intermediate, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_weight), residual
@@ -114,9 +114,10 @@ class CausalLM(nn.Module):
                 kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices."""
         x = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary.lookup(positions, x.dtype)
         residual = None
         for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rotary, backend, kv_pool, meta)
+            x, residual = layer(x, residual, rope, backend, kv_pool, meta)
         h = x if residual is None else x + residual
         h = self.norm(h.index_select(0, logits_indices))
         head = self.embed_tokens if self.lm_head is None else self.lm_head

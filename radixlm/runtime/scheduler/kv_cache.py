@@ -41,7 +41,7 @@ class KVCacheManager:
         req.row = row
         req.tree_len = 0
         req.last_node = None
-        if self.tree is not None and max_match > 0:
+        if self.tree is not None:  # max_match may be 0: the match is then the namespace root
             match = self.tree.match_prefix(req.namespace, req.full_ids()[:max_match])
             self.tree.inc_lock_ref(match.last_node)
             req.last_node = match.last_node

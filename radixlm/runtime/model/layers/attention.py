@@ -8,7 +8,7 @@ prefix of prefix_lens[r] tokens plus, causally, its own new tokens). Decode is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -31,6 +31,9 @@ class AttentionMetadata:
     prefix_lens_list: list[int]
     extend_lens_list: list[int]
     extend_start_loc_list: list[int]
+    # Backend-private values derived from the fields above, computed by the first layer and reused by
+    # every other layer of the same forward (e.g. the padded slot block of the decode rows).
+    plan_cache: dict = field(default_factory=dict)
 
 
 class KVPoolLike(Protocol):
@@ -74,22 +77,30 @@ class TorchAttentionBackend:
 
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                 meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
-        # q [b, Hq, D]; gather each row's slots into a padded [b, L, Hkv, D] block and mask the padding.
-        seq_lens = [meta.seq_lens_list[int(r)] for r in rows]
-        max_len = max(seq_lens)
-        dev = q.device
-        req_rows = meta.req_pool_indices.index_select(0, rows.to(dev))
-        slots = meta.req_to_token.index_select(0, req_rows)[:, :max_len]  # [b, L]
-        lens = torch.tensor(seq_lens, device=dev)
-        valid = torch.arange(max_len, device=dev)[None, :] < lens[:, None]  # [b, L]
-        slots = slots.masked_fill(~valid, 0)  # slot 0 is the scratch slot: safe to read
+        # q [b, Hq, D]; gather each row's slots into a padded [b, L] block and mask the padding.
+        slots, mask = self._decode_plan(meta, rows)
         kk = k_buf[slots].transpose(1, 2)  # [b, Hkv, L, D]
         vv = v_buf[slots].transpose(1, 2)
         qq = q.unsqueeze(2)  # [b, Hq, 1, D]
-        mask = valid[:, None, None, :]  # [b, 1, 1, L]
         o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
                                            enable_gqa=kk.shape[1] != qq.shape[1])
         return o.squeeze(2)
+
+    @staticmethod
+    def _decode_plan(meta: AttentionMetadata, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded slot block [b, L] and mask [b, 1, 1, L] of the decode rows, once per forward."""
+        plan = meta.plan_cache.get("decode")
+        if plan is None:
+            dev = meta.req_to_token.device
+            seq_lens = [meta.seq_lens_list[int(r)] for r in rows]
+            max_len = max(seq_lens)
+            req_rows = meta.req_pool_indices.index_select(0, rows.to(dev))
+            slots = meta.req_to_token.index_select(0, req_rows)[:, :max_len]
+            lens = torch.tensor(seq_lens, device=dev)
+            valid = torch.arange(max_len, device=dev)[None, :] < lens[:, None]
+            # Padding reads the scratch slot 0 (kept finite), masked out of the softmax.
+            plan = meta.plan_cache["decode"] = (slots.masked_fill(~valid, 0), valid[:, None, None, :])
+        return plan
 
     def _extend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
                     v_buf: torch.Tensor, meta: AttentionMetadata, i: int, out: torch.Tensor) -> None:

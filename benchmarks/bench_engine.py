@@ -1,0 +1,115 @@
+"""Engine vs HF transformers `generate` on the same weights, threads and machine, in one run.
+
+    .venv/bin/python benchmarks/bench_engine.py [--model-path DIR] [--threads N] [--quick]
+
+Workloads (issue "Engine core"): decode tok/s at batch 1; aggregate tok/s for 32 concurrent requests
+(128 prompt tokens, 64 new); prefill tok/s for a 1024-token prompt. HF's batch uses left padding, the
+way a user would batch with `generate`. Prints a table with ratios (radixlm / HF).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+import transformers
+
+import radixlm
+from radixlm.runtime.engine import Engine
+from radixlm.runtime.model.loader import resolve_model_path
+
+
+def make_prompt_ids(tok, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    vocab = [i for i in range(len(tok)) if i not in tok.all_special_ids]
+    return [vocab[int(i)] for i in torch.randint(len(vocab), (n,), generator=g)]
+
+
+def hf_decode_tps(model, ids: list[int], new: int) -> float:
+    x = torch.tensor([ids])
+    model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False)  # warm-up
+    t = time.perf_counter()
+    model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    return new / (time.perf_counter() - t)
+
+
+def hf_batch_tps(model, tok, prompts: list[list[int]], new: int) -> float:
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    batch = tok.pad({"input_ids": prompts}, return_tensors="pt")
+    t = time.perf_counter()
+    model.generate(**batch, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id)
+    return len(prompts) * new / (time.perf_counter() - t)
+
+
+def hf_prefill_tps(model, ids: list[int]) -> float:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        model(x[:, :16])
+        t = time.perf_counter()
+        model(x)
+    return len(ids) / (time.perf_counter() - t)
+
+
+def ours_decode_tps(engine: Engine, ids: list[int], new: int) -> float:
+    params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+    engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 4})  # warm-up
+    engine.flush_cache()
+    t = time.perf_counter()
+    engine.generate(input_ids=ids, sampling_params=params)
+    return new / (time.perf_counter() - t)
+
+
+def ours_batch_tps(engine: Engine, prompts: list[list[int]], new: int) -> float:
+    engine.flush_cache()
+    params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
+    t = time.perf_counter()
+    engine.generate(input_ids=prompts, sampling_params=params)
+    return len(prompts) * new / (time.perf_counter() - t)
+
+
+def ours_prefill_tps(engine: Engine, ids: list[int]) -> float:
+    engine.flush_cache()
+    engine.generate(input_ids=ids[:16], sampling_params={"max_new_tokens": 0})
+    engine.flush_cache()
+    t = time.perf_counter()
+    engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
+    return len(ids) / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
+    args = ap.parse_args()
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    model_dir = resolve_model_path(args.model_path)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    engine = Engine(str(model_dir), num_threads=threads, max_total_tokens=32 * 200 + 2048,
+                    chunked_prefill_size=2048)
+    new, nreq, plen, long_len = (16, 8, 64, 256) if args.quick else (64, 32, 128, 1024)
+    one = make_prompt_ids(tok, 8, 0)
+    batch = [make_prompt_ids(tok, plen, 1 + i) for i in range(nreq)]
+    long_prompt = make_prompt_ids(tok, long_len, 99)
+    rows = [
+        (f"decode tok/s, batch 1 ({new} new)", ours_decode_tps(engine, one, new), hf_decode_tps(hf, one, new)),
+        (f"throughput tok/s, {nreq} reqs x {plen} prompt, {new} new", ours_batch_tps(engine, batch, new),
+         hf_batch_tps(hf, tok, batch, new)),
+        (f"prefill tok/s, {long_len}-token prompt", ours_prefill_tps(engine, long_prompt), hf_prefill_tps(hf, long_prompt)),
+    ]
+    engine.shutdown()
+    print(f"\nmodel {model_dir.name} fp32 | threads {threads} | torch {torch.__version__} | transformers "
+          f"{transformers.__version__} | radixlm {radixlm.__version__} | {platform.processor() or platform.machine()}")
+    print(f"{'workload':<52}{'radixlm':>10}{'HF':>10}{'ratio':>8}")
+    for name, ours, ref in rows:
+        print(f"{name:<52}{ours:>10.1f}{ref:>10.1f}{ours / ref:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
