@@ -1,1 +1,6 @@
-"""radixlm.radix_cache"""
+"""radixlm.radix_cache: RadixAttention's prefix tree (token ids -> KV slots). Runs in the scheduler process."""
+
+from radixlm.radix_cache.radix_cache import DEFAULT_NAMESPACE, RadixCache
+from radixlm.radix_cache.tree_node import MatchResult, RadixStats, TreeNode
+
+__all__ = ["DEFAULT_NAMESPACE", "MatchResult", "RadixCache", "RadixStats", "TreeNode"]
