@@ -14,6 +14,7 @@ from radixlm.runtime.generate_input import InputLimits
 from radixlm.runtime.messages import TokenizedGenerateReq
 from radixlm.runtime.model.model_runner import ModelRunner
 from radixlm.runtime.model.sampler import make_generator
+from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable, TokenAllocator
 from radixlm.runtime.scheduler.output_processor import OutputProcessor
@@ -49,10 +50,11 @@ def build_scheduler(config: EngineConfig) -> BuiltScheduler:
                         ReqToTokenTable(sc.max_running_requests, info.context_len + 1, runner.device),
                         config.cache.disable_radix_cache)
     eos = eos_token_ids(tokenizer, hf_config, model_dir)
-    outputs = OutputProcessor(tokenizer, info.vocab_size, eos, info.context_len)
+    grammar = GrammarManager(tokenizer, info.vocab_size, config.grammar)
+    outputs = OutputProcessor(tokenizer, info.vocab_size, eos, info.context_len, grammar, kv.truncate)
     limits = InputLimits(vocab_size=info.vocab_size, context_len=info.context_len,
                          max_total_tokens=info.max_total_tokens)
-    return BuiltScheduler(model_dir, tokenizer, hf_config, runner, Scheduler(runner, kv, sc, outputs), eos, limits)
+    return BuiltScheduler(model_dir, tokenizer, hf_config, runner, Scheduler(runner, kv, sc, outputs, grammar), eos, limits)
 
 
 def make_req(msg: TokenizedGenerateReq, params: SamplingParams, rid: str, child: int,

@@ -11,6 +11,7 @@ import logging
 import queue
 from typing import Any, Iterator
 
+from radixlm.errors import InvalidRequestError
 from radixlm.runtime.builder import build_scheduler, make_req
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.engine_loop import EngineLoop
@@ -81,6 +82,12 @@ class Engine:
             state = by_rid[out.rid]
             state.update(out)
             pending -= state.finished
+            if state.error is not None:  # e.g. a grammar that does not compile: fail the whole call
+                for other in states:
+                    if not other.finished:
+                        self._loop.abort(other.rid)
+                raise InvalidRequestError(state.error["message"], state.error.get("param"),
+                                          state.error.get("code") or "invalid_value")
         return [s.to_dict() for s in states]
 
     def _stream(self, state: ResponseState) -> Iterator[dict[str, Any]]:
@@ -91,6 +98,9 @@ class Engine:
                 if isinstance(out, BaseException):
                     raise out
                 state.update(out)
+                if state.error is not None:
+                    raise InvalidRequestError(state.error["message"], state.error.get("param"),
+                                              state.error.get("code") or "invalid_value")
                 yield state.to_dict(streaming=True)
         finally:
             if not state.finished:  # the consumer stopped early: free the request's KV now
@@ -138,6 +148,7 @@ class Engine:
 
     def shutdown(self) -> None:
         self._loop.stop()
+        self.scheduler.grammar.close()
 
     def __enter__(self) -> "Engine":
         return self

@@ -59,20 +59,29 @@ class EngineLoop:
 
     # ---- the loop thread --------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            block = not self.scheduler.has_work()
-            try:
-                while True:
-                    cmd, arg = self._commands.get(block=block)
-                    block = False
-                    if cmd == "stop":
-                        self._dispatch(self.scheduler.abort_all("engine shut down"))
-                        return
-                    self._handle(cmd, arg)
-            except queue.Empty:
-                pass
+        while self._drain_commands(self._wait_timeout()):
             if self.scheduler.has_work():
                 self._step()
+
+    def _wait_timeout(self) -> float | None:
+        """How long to wait for a command: forever when idle, a few ms when the only work is grammars
+        compiling elsewhere (poll them without spinning), not at all when a step can run."""
+        if not self.scheduler.has_work():
+            return None
+        return 0.005 if not self.scheduler.has_runnable() else 0.0
+
+    def _drain_commands(self, timeout: float | None) -> bool:
+        """Handle every queued command (waiting up to `timeout` for the first); False on stop."""
+        try:
+            cmd, arg = self._commands.get_nowait() if timeout == 0.0 else self._commands.get(timeout=timeout)
+            while True:
+                if cmd == "stop":
+                    self._dispatch(self.scheduler.abort_all("engine shut down"))
+                    return False
+                self._handle(cmd, arg)
+                cmd, arg = self._commands.get_nowait()
+        except queue.Empty:
+            return True
 
     def _handle(self, cmd: str, arg: Any) -> None:
         if cmd == "submit":

@@ -27,6 +27,7 @@ class ResponseState:
         self.output_ids: list[int] = []
         self.text = ""
         self.finish: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None  # {message, param, code} when the request was refused
         self.last: TokenOut | None = None
         self.start = time.perf_counter()
         self.logprobs: dict[str, list] = {k: [] for k in (
@@ -40,6 +41,10 @@ class ResponseState:
 
     def update(self, out: TokenOut) -> None:
         self.last = out
+        if out.error is not None:
+            self.error = out.error
+        if out.num_rollback:
+            self._rollback(out.num_rollback)
         self.output_ids.extend(out.new_ids)
         text_ids = out.new_ids
         finish = out.finish
@@ -58,6 +63,15 @@ class ResponseState:
                     self.text = self.text[: hit[1]]
         self.finish = finish
         self._add_logprobs(out)
+
+    def _rollback(self, num: int) -> None:
+        """Jump-forward re-tokenized the tail: rebuild the decoder on the surviving ids. The text that
+        comes out is a prefix of the final text, so nothing already streamed changes."""
+        del self.output_ids[len(self.output_ids) - num :]
+        self.decoder = IncrementalDecoder(self.tokenizer, self.prepared.msg.input_ids,
+                                          self.params.skip_special_tokens,
+                                          self.params.spaces_between_special_tokens)
+        self.decoder.push(self.output_ids)
 
     def _add_logprobs(self, out: TokenOut) -> None:
         lp = self.logprobs

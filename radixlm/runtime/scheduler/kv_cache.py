@@ -59,6 +59,12 @@ class KVCacheManager:
         req.kv_len += num
         return True
 
+    def truncate(self, req: Req, kv_len: int) -> None:
+        """Forget the K/V of positions >= kv_len (jump-forward re-tokenized them); frees their slots."""
+        assert req.tree_len <= kv_len <= req.kv_len, "cannot truncate into shared tree slots"
+        self.allocator.free(self.table.table[req.row, kv_len : req.kv_len].clone())
+        req.kv_len = kv_len
+
     def row_slots(self, req: Req, end: int | None = None) -> torch.Tensor:
         return self.table.table[req.row, : req.kv_len if end is None else end]
 

@@ -8,6 +8,7 @@ comes from the logits at position p - 1. All logprobs are log_softmax of the raw
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -16,6 +17,7 @@ from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.model import logprobs as lp
 from radixlm.runtime.model.sampler import Sampler, SamplingRow
 from radixlm.runtime.scheduler.batch import ForwardBatch
+from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.request import FinishReason, Req
 
 
@@ -28,11 +30,14 @@ class LogitsPlan:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int], context_len: int):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int], context_len: int,
+                 grammar: GrammarManager, truncate_kv: Callable[[Req, int], None]):
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.context_len = context_len
         self.sampler = Sampler(vocab_size, eos_token_ids)
+        self.grammar = grammar
+        self._truncate_kv = truncate_kv  # jump-forward drops re-tokenized tokens' K/V
         self._stop_decoders: dict[str, IncrementalDecoder] = {}
 
     # ---- before the forward -----------------------------------------------------------------------
@@ -58,16 +63,21 @@ class OutputProcessor:
     def process(self, batch: ForwardBatch, plan: LogitsPlan, logits: torch.Tensor) -> tuple[list[TokenOut], list[Req]]:
         for i, p0, count, r0 in plan.prompt:
             self._prompt_logprobs(batch.rows[i].req, p0, logits[r0 : r0 + count])
-        new_tokens: dict[int, list[int]] = {}
+        new_tokens: dict[int, tuple[list[int], int]] = {}  # row -> (new ids, rollback)
         if plan.sample:
             reqs = [batch.rows[i].req for i, _ in plan.sample]
             rows_logits = logits[[r for _, r in plan.sample]]
-            sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs])
+            width = rows_logits.shape[-1]
+            sampled = self.sampler(rows_logits, [self._sampling_row(r, width, logits.device) for r in reqs])
             self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
             for (i, _), req, tok in zip(plan.sample, reqs, sampled.token_ids):
+                sent = len(req.output_ids)
                 req.output_ids.append(tok)
                 req.finish = self._check_finish(req, tok)
-                new_tokens[i] = [tok]
+                valid = sent
+                if req.finish is None and req.grammar is not None:
+                    valid = min(valid, self._jump_forward(req))
+                new_tokens[i] = (req.output_ids[valid:], sent - valid)
         outputs: list[TokenOut] = []
         finished: list[Req] = []
         for i, row in enumerate(batch.rows):
@@ -79,14 +89,38 @@ class OutputProcessor:
             if i not in new_tokens and row.end == req.seq_len() and req.max_new_tokens == 0:
                 req.finish = FinishReason("length", length=0)  # prefill only (scoring)
             if i in new_tokens or req.finish is not None:
-                outputs.append(self.make_output(req, new_tokens.get(i, [])))
+                ids, rollback = new_tokens.get(i, ([], 0))
+                outputs.append(self.make_output(req, ids, rollback))
             if req.finish is not None:
                 finished.append(req)
                 self._stop_decoders.pop(req.rid, None)
         return outputs, finished
 
-    def _sampling_row(self, req: Req) -> SamplingRow:
-        return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, None)
+    def _sampling_row(self, req: Req, width: int, device: torch.device) -> SamplingRow:
+        mask = None if req.grammar is None else self.grammar.allowed_mask(req, width, device)
+        return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, mask)
+
+    def _jump_forward(self, req: Req) -> int:
+        """Append the grammar's forced text (as tokens to run in the next extend step); returns how many
+        output tokens survive unchanged (the rest were re-tokenized)."""
+        jump = self.grammar.jump_forward(req)
+        if jump is None:
+            return len(req.output_ids)
+        drop, new = jump
+        if drop:
+            del req.output_ids[-drop:]
+            # The dropped tokens' K/V (all but the just-sampled one, which has none) are stale.
+            self._truncate_kv(req, min(req.kv_len, len(req.input_ids) + len(req.output_ids)))
+            self._stop_decoders.pop(req.rid, None)
+        valid = len(req.output_ids)
+        req.output_ids.extend(new)
+        req.num_jump_forward_tokens += len(new)
+        if len(req.output_ids) >= req.params.max_new_tokens:
+            del req.output_ids[req.params.max_new_tokens:]
+            req.finish = FinishReason("length", length=req.params.max_new_tokens)
+        elif req.grammar.is_terminated():
+            req.finish = FinishReason("stop", matched=None)
+        return min(valid, len(req.output_ids))
 
     def _prompt_logprobs(self, req: Req, p0: int, logits: torch.Tensor) -> None:
         acc, want = req.logprobs, req.logprob
@@ -117,6 +151,11 @@ class OutputProcessor:
     def _check_finish(self, req: Req, token: int) -> FinishReason | None:
         params = req.params
         n = len(req.output_ids)
+        if req.grammar is not None:
+            if not req.grammar.accept_token(token):
+                return FinishReason("abort", message="the sampled token violates the grammar")
+            if req.grammar.is_terminated():  # complete: EOS accepted, or nothing can follow
+                return FinishReason("stop", matched=token if token in self.eos_token_ids else None)
         if n >= params.max_new_tokens:
             return FinishReason("length", length=params.max_new_tokens)
         if req.seq_len() >= self.context_len:
@@ -142,12 +181,12 @@ class OutputProcessor:
         req.stop_checked_len = len(dec.text)
         return FinishReason("stop", matched=hit[0]) if hit else None
 
-    def make_output(self, req: Req, new_ids: list[int]) -> TokenOut:
+    def make_output(self, req: Req, new_ids: list[int], rollback: int = 0) -> TokenOut:
         acc = req.logprobs
         out = TokenOut(rid=req.rid, new_ids=new_ids, prompt_tokens=len(req.input_ids),
                        completion_tokens=len(req.output_ids), cached_tokens=req.cached_len,
                        finish=req.finish.to_json() if req.finish else None,
-                       num_jump_forward_tokens=req.num_jump_forward_tokens)
+                       num_jump_forward_tokens=req.num_jump_forward_tokens, num_rollback=rollback)
         if req.logprob.return_logprob:
             k = len(new_ids)
             out.output_logprobs = acc.output_token[len(acc.output_token) - k :] if k else []

@@ -18,6 +18,7 @@ from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.model.model_runner import ModelRunner
 from radixlm.runtime.scheduler.batch import PlannedRow, build_forward_batch
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
+from radixlm.runtime.scheduler.grammar import GrammarManager, grammar_spec
 from radixlm.runtime.scheduler.output_processor import OutputProcessor
 from radixlm.runtime.scheduler.policy import CACHE_AWARE, SchedulePolicy
 from radixlm.runtime.scheduler.request import FinishReason, Req
@@ -32,11 +33,12 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, kv: KVCacheManager, config: SchedulerConfig,
-                 outputs: OutputProcessor):
+                 outputs: OutputProcessor, grammar: GrammarManager):
         self.runner = runner
         self.kv = kv
         self.config = config
         self.out = outputs
+        self.grammar = grammar
         self.policy = SchedulePolicy(config.schedule_policy, kv.tree)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -47,14 +49,20 @@ class Scheduler:
 
     # ---- requests in and out ----------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
-        if len(self.waiting) >= self.config.max_queued_requests:
+        if len(self.waiting) + self.grammar.num_pending() >= self.config.max_queued_requests:
             raise OverflowError("the waiting queue is full")
         self._arrivals += 1
         req.arrival = self._arrivals
-        self.waiting.append(req)
+        if grammar_spec(req.params) is not None:
+            self.grammar.submit(req)  # waits in the grammar queue until compiled (off this loop)
+        else:
+            self.waiting.append(req)
 
     def abort(self, rid: str) -> list[TokenOut]:
         """Abort by exact rid; returns the terminal output (empty if the rid is unknown or done)."""
+        pending = self.grammar.remove(rid)
+        if pending is not None:
+            return [self._finish_now(pending, "aborted by request")]
         for queue in (self.waiting, self.running):
             for req in list(queue):
                 if req.rid == rid:
@@ -63,7 +71,7 @@ class Scheduler:
         return []
 
     def abort_all(self, message: str = "aborted") -> list[TokenOut]:
-        reqs = list(self.waiting) + self.running
+        reqs = self.grammar.drain() + list(self.waiting) + self.running
         self.waiting.clear()
         self.running = []
         return [self._finish_now(r, message) for r in reqs]
@@ -74,6 +82,10 @@ class Scheduler:
         return self.out.make_output(req, [])
 
     def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.grammar.num_pending())
+
+    def has_runnable(self) -> bool:
+        """Work a step can do now (requests waiting only for their grammar to compile are not)."""
         return bool(self.waiting or self.running)
 
     def flush_cache(self) -> bool:
@@ -85,15 +97,19 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------------------
     def step(self) -> list[TokenOut]:
+        outputs = self._collect_grammars()
+        if not self.has_runnable():
+            return outputs
         rows = self._plan()
         if not rows:
-            return self._drain_stuck()
+            return outputs + self._drain_stuck()
         batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
         plan = self.out.plan_logits(batch)
         logits = self.runner.forward(batch, plan.indices)
         self.num_forward_steps += 1
         self.num_computed_tokens += batch.num_tokens
-        outputs, finished = self.out.process(batch, plan, logits)
+        step_outputs, finished = self.out.process(batch, plan, logits)
+        outputs += step_outputs
         for req in finished:
             self.running.remove(req)
             self.kv.release(req)
@@ -102,6 +118,19 @@ class Scheduler:
             # siblings admitted in the next steps share it (SGLang's cache_unfinished_req).
             if row.num_new > 1 and not row.req.finished:
                 self.kv.cache_computed_prefix(row.req)
+        return outputs
+
+    def _collect_grammars(self) -> list[TokenOut]:
+        ready, failed = self.grammar.poll()
+        for req in sorted(ready, key=lambda r: r.arrival):
+            self.waiting.append(req)
+        outputs = []
+        for req, exc in failed:
+            req.finish = FinishReason("abort", message=str(exc))
+            out = self.out.make_output(req, [])
+            out.error = {"message": str(exc), "param": getattr(exc, "param", None),
+                         "code": getattr(exc, "code", "invalid_grammar")}
+            outputs.append(out)
         return outputs
 
     def _plan(self) -> list[PlannedRow]:

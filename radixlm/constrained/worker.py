@@ -1,0 +1,86 @@
+"""Compile worker: a spawn-started process that turns specs into serialized outlines-core Indexes.
+
+Runs in its own process (started by cache.py). outlines-core builds an Index holding the GIL and may
+run for a long time on a hostile spec, so it cannot run in a scheduler thread; a separate process can
+also really be stopped (SIGKILL) at the deadline.
+
+Wire format (multiprocessing Connection, send_bytes/recv_bytes only: nothing is ever unpickled):
+  parent -> worker, once: JSON {"memory_bytes": int}, the backend name, options JSON, and the backend's
+                          payload (outlines-core Vocabulary bytes / xgrammar TokenizerInfo JSON);
+  worker -> parent, once: b"ready";
+  parent -> worker, per job: JSON {"kind": str, "spec": str};
+  worker -> parent, per job: JSON {"ok": true} followed by the compiled grammar bytes, or
+                             JSON {"ok": false, "error": {"param", "code", "message"}}.
+The grammar bytes are the library's own serialization (outlines-core: Index bincode via
+Index.__reduce__ / Index.from_binary; xgrammar: CompiledGrammar.serialize_json), produced by our
+worker from a spec string, never taken from a client.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from multiprocessing.connection import Connection
+from typing import Callable
+
+from radixlm.constrained.base import GrammarOptions
+from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
+
+READY = b"ready"
+TOO_LARGE_MESSAGE = "grammar needs more memory to compile than allowed"
+
+
+def param_for(kind: str) -> str:
+    """The request field a kind's errors point at."""
+    return {"json_object": "response_format"}.get(kind, kind if kind in ("regex", "json_schema", "choices", "ebnf")
+                                                   else "grammar")
+
+
+def _compiler(backend: str) -> Callable[[str, str, GrammarOptions, bytes], bytes]:
+    # A fixed table, not an import by name: the worker runs only code we chose.
+    if backend == "outlines":
+        from radixlm.constrained.specs import build_index_bytes
+
+        return build_index_bytes
+    if backend == "xgrammar":
+        from radixlm.constrained.xgrammar_backend import compile_serialized
+
+        return compile_serialized
+    raise ValueError(f"unknown grammar backend {backend!r}")
+
+
+def _compile(request: bytes, compile_fn: Callable[[str, str, GrammarOptions, bytes], bytes],
+             options: GrammarOptions, payload: bytes) -> list[bytes]:
+    kind = "grammar"
+    try:
+        job = json.loads(request)
+        kind, spec = str(job["kind"]), str(job["spec"])
+        data = compile_fn(kind, spec, options, payload)
+        return [b'{"ok": true}', data]
+    except GrammarError as e:
+        error = e.to_dict()
+    except MemoryError:
+        error = {"param": param_for(kind), "code": GRAMMAR_TOO_LARGE, "message": TOO_LARGE_MESSAGE}
+    except Exception:  # noqa: BLE001 - a bug or resource error must not kill the worker or leak details
+        error = {"param": param_for(kind), "code": INVALID_GRAMMAR, "message": "grammar could not be compiled"}
+    return [json.dumps({"ok": False, "error": error}).encode()]
+
+
+def worker_main(conn: Connection) -> None:
+    limits = json.loads(conn.recv_bytes())
+    if limits.get("memory_bytes"):
+        # Some regexes blow up to GBs within the time limit; outlines-core aborts the process when an
+        # allocation fails, which the parent reports as grammar_too_large.
+        memory = int(limits["memory_bytes"])
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    compile_fn = _compiler(conn.recv_bytes().decode("utf-8"))  # imports the library before "ready"
+    options = GrammarOptions.from_json(conn.recv_bytes().decode("utf-8"))
+    payload = conn.recv_bytes()
+    conn.send_bytes(READY)
+    while True:
+        try:
+            request = conn.recv_bytes()
+        except (EOFError, OSError):  # parent gone or closed the pipe: exit quietly
+            return
+        for message in _compile(request, compile_fn, options, payload):
+            conn.send_bytes(message)
