@@ -1,4 +1,4 @@
-"""radixlm.radix_cache: RadixAttention's prefix tree (token ids -> KV slots). Runs in the scheduler process."""
+"""radixlm.radix_cache: the RadixAttention prefix tree (token ids -> KV slots). Scheduler process."""
 
 from radixlm.radix_cache.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from radixlm.radix_cache.tree_node import MatchResult, RadixStats, TreeNode

@@ -42,15 +42,27 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class GrammarConfig:
+    grammar_backend: str = "outlines"  # outlines | xgrammar
+    disable_jump_forward: bool = False
+    # Regex for optional whitespace between JSON tokens (None: the backend's default); SGLang's name.
+    constrained_json_whitespace_pattern: str | None = None
+    grammar_compile_timeout: float = 5.0  # seconds of wall time; the worker is killed past it
+    grammar_num_workers: int = 2
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
 
     @classmethod
     def from_options(cls, model_path: str | None = None, **options: Any) -> "EngineConfig":
         """Split flat keyword options (SGLang-style names) into the sub-configs; unknown names raise."""
-        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+                  "grammar": GrammarConfig}
         values: dict[str, dict[str, Any]] = {name: {} for name in groups}
         values["model"]["model_path"] = None if model_path is None else str(model_path)
         for key, value in options.items():
@@ -59,6 +71,26 @@ class EngineConfig:
                 raise TypeError(f"unknown engine option {key!r}")
             values[owner][key] = value
         return cls(**{g: groups[g](**v) for g, v in values.items()})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server's own settings (the engine's are in EngineConfig); limits from robustness.md."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_keys: tuple[str, ...] = ()  # each key is a tenant (own radix-cache namespace); empty = no auth
+    admin_api_key: str | None = None  # unlocks the debug endpoint (and every other route)
+    served_model_name: str | None = None  # None = the model directory's name
+    enable_metrics: bool = False
+    log_level: str = "info"
+    grammar_backend: str = "outlines"
+    max_body_bytes: int = 8 << 20
+    max_prompt_chars: int = 1 << 20
+    watchdog_timeout: float = 300.0  # seconds without a scheduler heartbeat before the server gives up
+    drain_timeout: float = 60.0  # SIGTERM: seconds to finish in-flight work before aborting it
+    health_generate_timeout: float = 20.0
+    startup_timeout: float = 600.0  # model load (and the default model's one-time download)
 
 
 def _field_names(cls: type) -> set[str]:

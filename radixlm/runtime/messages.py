@@ -52,6 +52,12 @@ class TokenOut(msgspec.Struct):
     input_top_logprobs: list[TopLogprobs] = []
     input_ids_logprobs: list[TopLogprobs] = []
     num_jump_forward_tokens: int = 0
+    # Jump-forward may re-tokenize the tail: drop this many previously sent tokens before appending
+    # new_ids (the decoded text still only grows).
+    num_rollback: int = 0
+    # A request that failed before running (e.g. its grammar did not compile): {message, param, code},
+    # reported to the client as a 400; finish is then an abort.
+    error: Optional[dict[str, Any]] = None
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):
@@ -63,3 +69,67 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 def encode(msg: msgspec.Struct) -> bytes:
     return _ENCODER.encode(msg)
+
+
+# ---- server processes (HTTP/tokenizer manager <-> scheduler <-> detokenizer) -----------------------
+# Tags keep the union decoders unambiguous: each receiving socket decodes exactly one Union below.
+
+
+class GenerateReq(msgspec.Struct, tag=True):
+    """A validated native request as it travels tokenizer manager -> scheduler -> detokenizer. The
+    scheduler runs one request per child rid (n > 1: child i samples with seed + i) and forwards this
+    message to the detokenizer on the same socket as its outputs, so the detokenizer always knows a
+    request before its first output."""
+
+    req: TokenizedGenerateReq
+    child_rids: list[str]
+    return_text_in_logprobs: bool = False
+
+
+class ControlReq(msgspec.Struct, tag=True):
+    """A management call answered by a ControlResp with the same req_id. kind: server_info |
+    flush_cache | debug_check (scheduler), debug_state (detokenizer)."""
+
+    req_id: str
+    kind: str
+
+
+class ControlResp(msgspec.Struct, tag=True):
+    req_id: str
+    ok: bool
+    data: dict[str, Any] = {}
+    error: str = ""
+
+
+class ProcessReady(msgspec.Struct, tag=True):
+    """Ready handshake: sent once by a child after its start-up work (the scheduler: model loaded)."""
+
+    process: str  # scheduler | detokenizer
+    pid: int
+    info: dict[str, Any] = {}
+
+
+class Heartbeat(msgspec.Struct, tag=True):
+    """Sent by the scheduler loop between steps; the tokenizer manager's watchdog and gauges read it."""
+
+    num_forward_steps: int
+    num_running: int
+    num_waiting: int
+    num_free_tokens: int
+    num_total_tokens: int
+    num_cached_tokens: int  # tokens held by the radix tree (evictable or locked)
+
+
+class StrOut(msgspec.Struct):
+    """Detokenizer -> tokenizer manager for one request. `payload` is the native response dict
+    (streaming: every update; otherwise only the final one, earlier updates carry None so the
+    tokenizer manager can still time first and later tokens)."""
+
+    rid: str
+    num_new_tokens: int
+    finished: bool
+    payload: Optional[dict[str, Any]] = None
+
+
+class BatchStrOut(msgspec.Struct, tag=True):
+    outputs: list[StrOut]

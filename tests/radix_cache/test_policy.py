@@ -64,11 +64,11 @@ def test_lpm_orders_by_cached_prefix_and_changes_no_lock():
         Waiting([1, 2, 9, 9], arrival=3),  # 3, later arrival than the [7,7,7] one
         Waiting([1, 2], arrival=4, output_ids=[3, 4, 5, 6, 1]),  # retracted: key includes outputs, 6
     ]
-    ordered = SchedulePolicy("lpm", tree).order(waiting)
+    ordered = SchedulePolicy("lpm", tree).order(waiting[::-1])  # ties break by arrival, not position
     assert [w.arrival for w in ordered] == [4, 1, 2, 3, 0]
     assert [w.prefix_len for w in waiting] == [0, 4, 3, 3, 6]
     assert tree.protected_size() == 0 and tree.total_size() == 10
-    again = SchedulePolicy("lpm", tree).order(waiting)  # safe to repeat: same answer
+    again = SchedulePolicy("lpm", tree).order(waiting[::-1])  # safe to repeat: same answer
     assert again == ordered and [w.prefix_len for w in waiting] == [0, 4, 3, 3, 6]
     tree.check_integrity()
 

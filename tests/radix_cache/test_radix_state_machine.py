@@ -124,6 +124,8 @@ def tree_tokens(cache: RadixCache) -> dict[TokenKey, tuple[int, int, int]]:
 
 
 class RadixMachine(RuleBasedStateMachine):
+    """Requests borrow matched prefixes (locked), own their uncached tails, then insert or abort."""
+
     def __init__(self) -> None:
         super().__init__()
         self.free: set[int] = set(range(POOL_SIZE))
