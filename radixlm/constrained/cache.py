@@ -10,8 +10,10 @@ Future fails with grammar_timeout.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import queue
+import socket
+import subprocess
+import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.constrained.errors import GRAMMAR_TIMEOUT, GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
-from radixlm.constrained.worker import READY, TOO_LARGE_MESSAGE, param_for, worker_main
+from multiprocessing.connection import Connection
+
+from radixlm.constrained.worker import READY, TOO_LARGE_MESSAGE, param_for
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,14 @@ class _Worker:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker_main, args=(child,), daemon=True, name="radixlm-grammar")
-        proc.start()
-        child.close()
+        # A fresh interpreter running worker.py (not multiprocessing's spawn, which re-imports the user's
+        # __main__ module: a script without an `if __name__ == "__main__"` guard would run twice).
+        # The pipe is a Unix socketpair wrapped as a Connection: bytes only, never pickle.
+        parent_sock, child_sock = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-m", "radixlm.constrained.worker", str(child_sock.fileno())],
+                                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL)
+        child_sock.close()
+        parent = Connection(parent_sock.detach())
         try:
             parent.send_bytes(json.dumps({"memory_bytes": self._config.worker_memory_bytes}).encode())
             for message in self._init:
@@ -59,7 +66,7 @@ class _Worker:
             ready = False
         if not ready:
             proc.kill()
-            proc.join()
+            proc.wait()
             parent.close()
             raise RuntimeError("grammar compile worker did not start")
         self._proc, self._conn = proc, parent
@@ -67,7 +74,7 @@ class _Worker:
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.kill()  # SIGKILL: outlines-core does not check for signals mid-compile
-            self._proc.join()
+            self._proc.wait()
             self._conn.close()
         self._proc = self._conn = None
 
@@ -80,7 +87,7 @@ class _Worker:
 
     def compile(self, kind: str, spec: str) -> bytes:
         """Index bytes, or GrammarError (timeouts included). Restarts the process when needed."""
-        if self._proc is None or not self._proc.is_alive():
+        if self._proc is None or self._proc.poll() is not None:
             self.stop()
             self.start()
         try:
@@ -94,8 +101,11 @@ class _Worker:
                 raise GrammarError.from_dict(header["error"])
             return self._conn.recv_bytes()
         except (EOFError, OSError):  # the worker died mid-compile
-            self._proc.join(timeout=5)
-            aborted = self._proc.exitcode in (-6, -9)  # SIGABRT: failed allocation; SIGKILL: OOM killer
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            aborted = self._proc.returncode in (-6, -9)  # SIGABRT: failed allocation; SIGKILL: OOM killer
             self._restart()
             if aborted:
                 raise GrammarError(param_for(kind), GRAMMAR_TOO_LARGE, TOO_LARGE_MESSAGE) from None

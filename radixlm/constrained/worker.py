@@ -84,3 +84,9 @@ def worker_main(conn: Connection) -> None:
             return
         for message in _compile(request, compile_fn, options, payload):
             conn.send_bytes(message)
+
+
+if __name__ == "__main__":  # started by cache._Worker with the inherited socket's fd
+    import sys
+
+    worker_main(Connection(int(sys.argv[1])))
