@@ -186,8 +186,8 @@ class Scheduler:
 
     def _admit(self, budget: int) -> list[PlannedRow]:
         rows: list[PlannedRow] = []
-        if not self.waiting or budget <= 0:
-            return rows
+        if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_running_requests:
+            return rows  # nothing can be admitted: skip the (prefix-matching) policy pass
         reserved = self._reserved_tokens()
         cache_aware = self.policy.active_policy(len(self.waiting)) in CACHE_AWARE
         in_batch: list[Req] = []
