@@ -60,14 +60,13 @@ class Engine:
     def _expand(self, p: PreparedReq) -> list[ResponseState]:
         n = p.params.n
         rids = [p.msg.rid] if n == 1 else [f"{p.msg.rid}-{i}" for i in range(n)]
-        return [ResponseState(rid, p, self.tokenizer) for rid in rids]
+        return [ResponseState(rid, p, self.tokenizer, child=i) for i, rid in enumerate(rids)]
 
     def _submit(self, states: list[ResponseState]) -> queue.Queue:
         inbox: queue.Queue = queue.Queue()
         reqs = []
         for state in states:
-            child = int(state.rid.rsplit("-", 1)[1]) if state.rid != state.prepared.msg.rid else 0
-            reqs.append(make_req(state.prepared.msg, state.params, state.rid, child, self.runner.device))
+            reqs.append(make_req(state.prepared.msg, state.params, state.rid, state.child, self.runner.device))
         self._loop.submit(reqs, inbox)
         return inbox
 
@@ -149,6 +148,7 @@ class Engine:
     def shutdown(self) -> None:
         self._loop.stop()
         self.scheduler.grammar.close()
+        self.runner.close()
 
     def __enter__(self) -> "Engine":
         return self

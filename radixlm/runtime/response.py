@@ -17,8 +17,9 @@ from radixlm.runtime.messages import TokenOut
 
 
 class ResponseState:
-    def __init__(self, rid: str, prepared: PreparedReq, tokenizer):
+    def __init__(self, rid: str, prepared: PreparedReq, tokenizer, child: int = 0):
         self.rid = rid
+        self.child = child  # index among the n copies of one prompt (copy i samples with seed + i)
         self.prepared = prepared
         self.params = prepared.params
         self.tokenizer = tokenizer
