@@ -20,6 +20,11 @@ class ModelConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU; None = number of physical cores
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
     seed: int = 0  # global RNG seed for unseeded sampling
+    # Tensor parallelism (docs/scaling.md): ranks split heads/MLP/vocab; SGLang's names for multi-node.
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # "host:port" of rank 0's rendezvous; None = 127.0.0.1, a free port
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,6 @@ class ServerConfig:
     served_model_name: str | None = None  # None = the model directory's name
     enable_metrics: bool = False
     log_level: str = "info"
-    grammar_backend: str = "outlines"
     max_body_bytes: int = 8 << 20
     max_prompt_chars: int = 1 << 20
     watchdog_timeout: float = 300.0  # seconds without a scheduler heartbeat before the server gives up

@@ -61,6 +61,7 @@ class Attention(nn.Module):
         self.o_weight = _param(d.hidden, self.q_size)
         self.q_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
+        self.tp = None  # parallel.TPContext when tensor-parallel (set by parallel.shard_model)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
@@ -74,7 +75,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *rope)
         o = backend.forward(q, k, v.contiguous(), self.layer_id, kv_pool, meta)
-        return F.linear(o.reshape(-1, self.q_size), self.o_weight)
+        out = F.linear(o.reshape(-1, self.q_size), self.o_weight)
+        return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj
 
 
 class DecoderLayer(nn.Module):
@@ -86,6 +88,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = _param(2 * d.intermediate, d.hidden)
         self.down_weight = _param(d.hidden, d.intermediate)
         self.intermediate = d.intermediate
+        self.tp = None  # parallel.TPContext when tensor-parallel
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 backend, kv_pool, meta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +99,8 @@ class DecoderLayer(nn.Module):
         h = self.self_attn(h, rope, backend, kv_pool, meta)
         h, residual = self.post_attention_layernorm.forward_residual(h, residual)
         gate, up = F.linear(h, self.gate_up_weight).split(self.intermediate, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight), residual
+        out = F.linear(F.silu(gate) * up, self.down_weight)
+        return (out if self.tp is None else self.tp.all_reduce(out)), residual  # row-parallel down_proj
 
 
 class CausalLM(nn.Module):
@@ -108,12 +112,16 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(d.hidden, d.rms_eps)
         self.lm_head = None if d.tie_embeddings else _param(d.vocab_size, d.hidden)
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions)
+        self.tp = None  # parallel.TPContext when tensor-parallel: vocab-parallel embedding and LM head
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                 kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        if self.tp is None:
+            x = F.embedding(input_ids, self.embed_tokens)
+        else:
+            x = self.tp.embed(input_ids, self.embed_tokens)
         rope = self.rotary.lookup(positions, x.dtype)
         residual = None
         for layer in self.layers:
@@ -121,7 +129,8 @@ class CausalLM(nn.Module):
         h = x if residual is None else x + residual
         h = self.norm(h.index_select(0, logits_indices))
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(h, head).float()
+        logits = F.linear(h, head)
+        return logits.float() if self.tp is None else self.tp.gather_logits(logits)
 
     # ---- weights ----------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -69,15 +69,25 @@ class ModelRunner:
             torch.set_num_threads(model_config.num_threads or default_num_threads())
         self.context_len = _context_len(hf_config, model_config.context_length)
         t0 = time.perf_counter()
-        with torch.device(self.device):
-            model = build_model(hf_config, self.context_len)  # parameters are torch.empty: no init cost
-        model.load_weights(iter_weights(model_dir, torch.float32))
-        for p in model.parameters():  # rotary cos/sin buffers stay fp32 (they are cast per use)
-            p.data = p.data.to(self.dtype)
+        self.tp = None  # tp_driver.TPDriver when tp_size > 1 (docs/scaling.md)
+        if model_config.tp_size > 1:
+            from radixlm.runtime.model.tp_driver import TPDriver
+
+            self.tp = TPDriver(model_config, model_dir, hf_config, self.context_len, self.device, self.dtype)
+            model = self.tp.model  # this rank's shard; its dims hold this rank's heads
+        else:
+            with torch.device(self.device):
+                model = build_model(hf_config, self.context_len)  # parameters are torch.empty: no init cost
+            model.load_weights(iter_weights(model_dir, torch.float32))
+            for p in model.parameters():  # rotary cos/sin buffers stay fp32 (they are cast per use)
+                p.data = p.data.to(self.dtype)
         self.model = model
         self.dims = model.dims
         logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
-        self.max_total_tokens = self._capacity(cache_config, max_running_requests)
+        if self.tp is None:
+            self.max_total_tokens = self._capacity(cache_config, max_running_requests)
+        else:
+            self.max_total_tokens = self.tp.start(lambda: self._capacity(cache_config, max_running_requests))
         d = self.dims
         self.kv_pool = KVPool(self.max_total_tokens, d.num_layers, d.num_kv_heads, d.head_dim,
                               self.dtype, self.device)
@@ -114,8 +124,15 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the model on the batch's tokens; return fp32 logits [N, V] at logits_indices."""
+        if self.tp is not None:  # the worker ranks run the same step on their shards
+            self.tp.send_step(batch, logits_indices)
         return self.model(batch.input_ids, batch.positions, self.backend, self.kv_pool, batch.meta,
                           logits_indices.to(self.device))
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker ranks (nothing to do with tp_size == 1)."""
+        if self.tp is not None:
+            self.tp.close()
 
 
 def _context_len(hf_config, requested: int | None) -> int:
