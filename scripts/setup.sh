@@ -15,3 +15,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[test]"
   touch "$stamp"
 fi
+# The stock SGLang frontend (sglang==0.5.2 needs no torch; its frontend also imports pybase64 and pydantic)
+# in a venv of its own, for tests/server/test_sglang_frontend.py (which skips without it).
+if [ ! -x .venv/sglang-frontend/bin/python ]; then
+  "$PY" -m venv .venv/sglang-frontend
+  .venv/sglang-frontend/bin/python -m pip install -q "sglang==0.5.2" pybase64 pydantic \
+    || echo "setup: the stock sglang frontend did not install; its server test will skip" >&2
+fi

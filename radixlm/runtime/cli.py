@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from radixlm.runtime.config import CacheConfig, ModelConfig, SchedulerConfig
+from radixlm.runtime.config import CacheConfig, GrammarConfig, ModelConfig, SchedulerConfig, ServerConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -30,12 +30,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=int, default=SchedulerConfig.chunked_prefill_size)
     p.add_argument("--schedule-policy", default=SchedulerConfig.schedule_policy,
                    choices=["lpm", "dfs-weight", "fcfs", "lof", "random"])
+    p.add_argument("--tp-size", type=int, default=ModelConfig.tp_size, help="tensor-parallel ranks (docs/scaling.md)")
+    p.add_argument("--nnodes", type=int, default=ModelConfig.nnodes, help="machines the tp ranks span")
+    p.add_argument("--node-rank", type=int, default=ModelConfig.node_rank, help="this machine (0 runs the server)")
+    p.add_argument("--dist-init-addr", default=None, help="host:port of node 0's torch.distributed rendezvous")
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     keys = ["tokenizer_path", "dtype", "device", "context_length", "num_threads", "attention_backend",
             "max_total_tokens", "mem_fraction_static", "disable_radix_cache", "max_running_requests",
-            "chunked_prefill_size", "schedule_policy"]
+            "chunked_prefill_size", "schedule_policy", "tp_size", "nnodes", "node_rank", "dist_init_addr"]
     return {k: getattr(args, k) for k in keys}
 
 
@@ -107,6 +111,56 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """HTTP server flags (SGLang's names where SGLang has the flag) and the robustness.md limits."""
+    p.add_argument("--host", default=ServerConfig.host)
+    p.add_argument("--port", type=int, default=ServerConfig.port)
+    p.add_argument("--api-key", action="append", default=None,
+                   help="require this key (Authorization: Bearer); repeat for several tenants")
+    p.add_argument("--admin-api-key", default=None, help="key for the admin debug endpoint")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--grammar-backend", default=GrammarConfig.grammar_backend, choices=["outlines", "xgrammar"])
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--log-level", default=ServerConfig.log_level,
+                   choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--max-queued-requests", type=int, default=SchedulerConfig.max_queued_requests)
+    p.add_argument("--max-body-bytes", type=int, default=ServerConfig.max_body_bytes)
+    p.add_argument("--max-prompt-chars", type=int, default=ServerConfig.max_prompt_chars)
+    p.add_argument("--watchdog-timeout", type=float, default=ServerConfig.watchdog_timeout)
+    p.add_argument("--drain-timeout", type=float, default=ServerConfig.drain_timeout)
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=args.host, port=args.port, api_keys=tuple(args.api_key or ()), admin_api_key=args.admin_api_key,
+        served_model_name=args.served_model_name, enable_metrics=args.enable_metrics, log_level=args.log_level,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_chars=args.max_prompt_chars, watchdog_timeout=args.watchdog_timeout,
+        drain_timeout=args.drain_timeout)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from radixlm.runtime.config import EngineConfig
+    from radixlm.runtime.launch import exit_now, launch_server
+
+    options = {**engine_options(args), "max_queued_requests": args.max_queued_requests,
+               "grammar_backend": args.grammar_backend}
+    if args.node_rank > 0:  # multi-node tensor parallelism: other machines only host worker ranks
+        from radixlm.runtime.model.tp_worker import launch_node
+
+        return launch_node(EngineConfig.from_options(args.model_path, **options).model)
+    code = launch_server(EngineConfig.from_options(args.model_path, **options), server_config(args))
+    exit_now(code)  # skip interpreter teardown (torch/ZMQ finalizers can stall for seconds)
+    return code
+
+
+def build_serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Serve the native and OpenAI HTTP APIs.")
+    add_engine_args(parser)
+    add_server_args(parser)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlm", description="Structured LLM programs, served fast.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,6 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(chat)
     _sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
+    serve = sub.add_parser("serve", help="run the HTTP server (native + OpenAI APIs)")
+    add_engine_args(serve)
+    add_server_args(serve)
+    serve.set_defaults(func=cmd_serve)
+    from radixlm import showcase  # the frontend only (no torch) until the command runs
+
+    show = sub.add_parser("showcase", help="run example programs on the default model; print the cache hit rate")
+    showcase.add_args(show)
+    show.set_defaults(func=showcase.cmd_showcase)
     return parser
 
 

@@ -88,7 +88,7 @@ class GenerateReq(msgspec.Struct, tag=True):
 
 class ControlReq(msgspec.Struct, tag=True):
     """A management call answered by a ControlResp with the same req_id. kind: server_info |
-    flush_cache | debug_check (scheduler), debug_state (detokenizer)."""
+    flush_cache | debug_check (scheduler), debug_state (detokenizer); shutdown (both; no answer)."""
 
     req_id: str
     kind: str
@@ -118,6 +118,8 @@ class Heartbeat(msgspec.Struct, tag=True):
     num_free_tokens: int
     num_total_tokens: int
     num_cached_tokens: int  # tokens held by the radix tree (evictable or locked)
+    num_evictable_tokens: int = 0
+    num_locked_tokens: int = 0
 
 
 class StrOut(msgspec.Struct):

@@ -1,0 +1,101 @@
+"""The detokenizer process: scheduler TokenOuts -> native response dicts for the tokenizer manager.
+
+Runs in the detokenizer process (started by runtime/launch.py). It keeps one ResponseState per running
+child request (the same class the in-process Engine uses, so the server and the Engine produce
+identical text, stop trimming, streaming holdback and logprob formatting). The scheduler forwards each
+GenerateReq on the same socket ahead of its outputs, so a state always exists before its first output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Union
+
+import msgspec
+import zmq
+
+from radixlm.runtime.generate_input import PreparedReq
+from radixlm.runtime.messages import (BatchStrOut, BatchTokenOut, ControlReq, ControlResp, GenerateReq,
+                                      ProcessReady, StrOut, TokenOut, encode)
+from radixlm.runtime.response import ResponseState
+from radixlm.sampling_params import SamplingParams
+
+logger = logging.getLogger("radixlm.detokenizer")
+
+InboundMsg = Union[GenerateReq, BatchTokenOut, ControlReq]
+
+
+def run_detokenizer_process(tokenizer_path: str, addrs: Any, parent_pid: int, log_level: str) -> None:
+    from radixlm.runtime.launch import die_with_parent, setup_logging
+    from radixlm.runtime.model.loader import load_tokenizer
+
+    die_with_parent(parent_pid, cleanup_dir=addrs.directory)
+    setup_logging(log_level)
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)  # never block exit on messages to a server that is already gone
+    recv = ctx.socket(zmq.PULL)
+    recv.bind(addrs.detokenizer_in)
+    to_tm = ctx.socket(zmq.PUSH)
+    to_tm.connect(addrs.tokenizer_in)
+    detok = Detokenizer(load_tokenizer(tokenizer_path))
+    to_tm.send(encode(ProcessReady("detokenizer", os.getpid())))
+    decoder = msgspec.msgpack.Decoder(InboundMsg)
+    while True:
+        try:
+            msg = decoder.decode(recv.recv())
+        except msgspec.DecodeError:
+            logger.error("dropped an undecodable message")
+            continue
+        if isinstance(msg, ControlReq) and msg.kind == "shutdown":  # the server is exiting and waits for us
+            ctx.destroy(linger=0)  # before exit: a ZMQ context's term() waits for its sockets
+            return
+        reply = detok.handle(msg)
+        if reply is not None:
+            to_tm.send(encode(reply))
+
+
+class Detokenizer:
+    """Socket-free logic, so tests can drive it directly."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.states: dict[str, ResponseState] = {}
+
+    def handle(self, msg: InboundMsg) -> BatchStrOut | ControlResp | None:
+        if isinstance(msg, GenerateReq):
+            self._register(msg)
+            return None
+        if isinstance(msg, BatchTokenOut):
+            outs = [o for o in (self._update(out) for out in msg.outputs) if o is not None]
+            return BatchStrOut(outs) if outs else None
+        if msg.kind == "debug_state":
+            return ControlResp(msg.req_id, True, {"num_states": len(self.states)})
+        return ControlResp(msg.req_id, False, error=f"unknown control request {msg.kind!r}")
+
+    def _register(self, msg: GenerateReq) -> None:
+        params = SamplingParams.from_dict(msg.req.sampling_params)
+        prepared = PreparedReq(0, msg.req, params, msg.return_text_in_logprobs)
+        for rid in msg.child_rids:
+            self.states[rid] = ResponseState(rid, prepared, self.tokenizer)
+
+    def _update(self, out: TokenOut) -> StrOut | None:
+        state = self.states.get(out.rid)
+        if state is None:
+            return None
+        state.update(out)
+        streaming = state.prepared.msg.stream
+        if state.finished:
+            del self.states[out.rid]
+            return StrOut(out.rid, len(out.new_ids), True, _finish_payload(state, out, streaming))
+        return StrOut(out.rid, len(out.new_ids), False, state.to_dict(streaming=True) if streaming else None)
+
+
+def _finish_payload(state: ResponseState, out: TokenOut, streaming: bool) -> dict[str, Any]:
+    payload = state.to_dict(streaming=streaming)
+    if out.error:  # refused (queue_full -> 503, invalid_grammar -> 400, ...): the route turns it into an error
+        meta = payload["meta_info"]
+        meta["error_code"] = out.error.get("code") or "invalid_value"
+        meta["error_param"] = out.error.get("param")
+        meta["error_message"] = out.error.get("message")
+    return payload

@@ -1,0 +1,161 @@
+"""Start the server: the scheduler and detokenizer processes, the ready handshake, then uvicorn.
+
+Runs in the server's main process (which becomes the HTTP + tokenizer-manager process). The child-side
+helpers (`die_with_parent`, `setup_logging`) run at the start of each child.
+
+Process tree: main (uvicorn + TokenizerManager) -> scheduler, detokenizer; both started with the
+"spawn" context so they never inherit a forked torch or event-loop state. They talk over ZMQ ipc://
+sockets in a private 0700 temp directory that the main process removes on exit; every message is a
+msgspec struct (runtime/messages.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+
+from radixlm.runtime.config import EngineConfig, ServerConfig
+
+logger = logging.getLogger("radixlm.server")
+
+_PR_SET_PDEATHSIG = 1
+# A child's parent watch: how often it checks that the parent is still there.
+_PARENT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class IpcAddrs:
+    """ZMQ endpoints; each receiver binds its own PULL socket, senders connect PUSH sockets."""
+
+    scheduler_in: str
+    detokenizer_in: str
+    tokenizer_in: str
+
+    @classmethod
+    def in_dir(cls, directory: str) -> "IpcAddrs":
+        return cls(*(f"ipc://{os.path.join(directory, name)}" for name in ("sched", "detok", "tok")))
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(self.scheduler_in[len("ipc://"):])
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), force=True,
+                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+
+
+def die_with_parent(parent_pid: int, cleanup_dir: str | None = None) -> None:
+    """Make this child exit when the server process dies, however it dies (even SIGKILL).
+
+    Without cleanup_dir: the kernel's parent-death signal (SIGKILL, Linux) plus a polling thread for
+    other platforms and for the race where the parent died before prctl ran. With cleanup_dir (the
+    detokenizer, which never blocks long): only the polling thread, which first removes that directory
+    (the socket files a SIGKILLed server could not remove) and then exits."""
+    if cleanup_dir is None and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def orphaned() -> None:
+        if cleanup_dir is not None:
+            shutil.rmtree(cleanup_dir, ignore_errors=True)
+        os._exit(1)
+
+    if os.getppid() != parent_pid:
+        orphaned()
+
+    def watch() -> None:
+        while True:
+            time.sleep(_PARENT_POLL_S)
+            if os.getppid() != parent_pid:
+                orphaned()
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    # Ctrl-C and `kill -- -PGID` reach the whole process group; the server decides when children stop
+    # (after a drain), so they ignore these signals and are ended by the server with SIGKILL.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def exit_now(code: int) -> None:
+    """Leave without interpreter finalization: every resource is already released by then, and tearing
+    down torch and ZMQ contexts at exit can block for seconds (a context's term waits on sockets that
+    the garbage collector has not closed yet)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def start_children(engine_config: EngineConfig, server_config: ServerConfig, addrs: IpcAddrs,
+                   tokenizer_path: str) -> dict[str, BaseProcess]:
+    import multiprocessing as mp
+
+    from radixlm.runtime.detokenizer import run_detokenizer_process
+    from radixlm.runtime.scheduler.loop import run_scheduler_process
+
+    ctx = mp.get_context("spawn")
+    parent = os.getpid()
+    # Not daemonic: the scheduler may start its own worker processes (grammar compilation).
+    procs = {
+        "scheduler": ctx.Process(target=run_scheduler_process, name="radixlm-scheduler",
+                                 args=(engine_config, addrs, parent, server_config.log_level)),
+        "detokenizer": ctx.Process(target=run_detokenizer_process, name="radixlm-detokenizer",
+                                   args=(tokenizer_path, addrs, parent, server_config.log_level)),
+    }
+    for proc in procs.values():
+        proc.start()
+    return procs
+
+
+def stop_children(procs: dict[str, BaseProcess], grace_s: float = 3.0) -> None:
+    """The server has asked the children to exit; SIGKILL whatever has not within grace_s (they ignore
+    SIGTERM, and a hung scheduler ignores messages too)."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs.values():
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs.values():
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10.0)
+
+
+def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+    """Run the server until it is drained (exit code 0) or a child dies or hangs (exit code 1)."""
+    import asyncio
+
+    from radixlm.runtime.model.loader import resolve_model_path
+    from radixlm.runtime.server.runner import serve
+
+    setup_logging(server_config.log_level)
+    # A SIGTERM while the model loads must still clean up children and sockets (finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Resolve once here (the default model may be downloaded and converted) so children get a plain dir.
+    model_dir = str(resolve_model_path(engine_config.model.model_path))
+    engine_config = dataclasses.replace(engine_config,
+                                        model=dataclasses.replace(engine_config.model, model_path=model_dir))
+    tokenizer_path = engine_config.model.tokenizer_path or model_dir
+    ipc_dir = tempfile.mkdtemp(prefix="radixlm-ipc-")  # mode 0700: only this user can connect
+    procs: dict[str, BaseProcess] = {}
+    try:
+        addrs = IpcAddrs.in_dir(ipc_dir)
+        procs = start_children(engine_config, server_config, addrs, tokenizer_path)
+        return asyncio.run(serve(engine_config, server_config, addrs, procs, tokenizer_path))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        logger.info("stopping child processes")
+        stop_children(procs)
+        logger.info("child processes stopped")
+        shutil.rmtree(ipc_dir, ignore_errors=True)

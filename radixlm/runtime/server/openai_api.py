@@ -1,0 +1,229 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (wire-protocol.md).
+
+Runs in the HTTP process. Each request is translated to a native request (same validation, same
+tokenizer manager, same detokenizer path as /generate) and the native results are reshaped with
+openai_format.py. Unknown top-level fields are ignored, as OpenAI clients send many.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, AsyncIterator, Iterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixlm.errors import ContextLengthError, InvalidRequestError
+from radixlm.runtime.server import openai_format as fmt
+from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_messages
+from radixlm.runtime.server.errors import APIError
+from radixlm.runtime.server.http_server import (SSE_DONE, Events, check_bool, open_stream,
+                                                raise_for_server_errors, read_object, result_error, sse,
+                                                stream_error, wait_results)
+from radixlm.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
+
+
+@contextmanager
+def openai_params() -> Iterator[None]:
+    """Report validation errors under the /v1 field names the client used."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        param = fmt.OPENAI_PARAM_NAMES.get(exc.param or "", exc.param)
+        message = str(exc).replace(f"{exc.param}:", f"{param}:", 1) if exc.param else str(exc)
+        raise APIError(400, message, param, exc.code) from None
+
+
+def _check_model(obj: dict[str, Any], served: str) -> None:
+    model = obj.get("model")
+    if model is not None and model != served:
+        raise APIError(404, f"the model {str(model)[:100]!r} does not exist", "model", "model_not_found")
+
+
+def _include_usage(obj: dict[str, Any]) -> bool:
+    opts = obj.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise APIError(400, "stream_options must be an object", "stream_options", "invalid_type")
+    return check_bool(opts, "include_usage")
+
+
+def _split_prompt(prompt: Any) -> tuple[Any, Any]:
+    """(text, input_ids) for the native request from an OpenAI `prompt`."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return prompt, None
+        ids = all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+        if ids or all(isinstance(p, list) for p in prompt):
+            return None, prompt
+    raise APIError(400, "prompt must be a string, a list of strings, or token ids", "prompt", "invalid_value")
+
+
+def install_openai_routes(app: FastAPI, ctx: Any) -> None:
+    tm: TokenizerManager = ctx.tm
+    served = ctx.served_model_name
+
+    def model_card() -> dict[str, Any]:
+        return {"id": served, "object": "model", "created": int(time.time()), "owned_by": "radixlm",
+                "max_model_len": ctx.model_info["context_length"]}
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> Response:
+        if model_id != served:
+            raise APIError(404, "the model does not exist", "model", "model_not_found")
+        return JSONResponse(model_card())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        obj = await read_object(request)
+        _check_model(obj, served)
+        stream, echo, include_usage = check_bool(obj, "stream"), check_bool(obj, "echo"), _include_usage(obj)
+        text, ids = _split_prompt(obj.get("prompt"))
+        tm.check_admission(1)
+        with openai_params():
+            logprobs = None if obj.get("logprobs") is None else fmt.check_logprobs_count(obj["logprobs"], "logprobs")
+            params = fmt.sampling_params(obj, 16 if obj.get("max_tokens") is None else obj["max_tokens"])
+            prepared, _ = tm.prepare(request.state.namespace, text=text, input_ids=ids, sampling_params=params,
+                                     return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
+                                     logprob_start_len=0 if echo and logprobs is not None else -1,
+                                     return_text_in_logprobs=True, stream=stream)
+        n = prepared[0].params.n
+        handle = tm.submit(prepared, stream, request.state.request_id)
+        if stream:
+            events = await open_stream(request, tm, handle)
+            if events is None:
+                return Response(status_code=499)
+            return StreamingResponse(_completion_stream(tm, handle, events, served, n, include_usage,
+                                                        logprobs is not None), media_type="text/event-stream")
+        results = await wait_results(request, tm, handle)
+        if results is None:
+            return Response(status_code=499)
+        raise_for_server_errors(results)
+        echo_texts = [_echo_text(tm, p) for p in prepared] if echo else None
+        choices = [fmt.completion_choice(k, r, logprobs is not None, echo_texts[k // n] if echo_texts else None)
+                   for k, r in enumerate(results)]
+        return JSONResponse({**fmt.envelope("text_completion", served, choices), "usage": fmt.usage(results, n)})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        obj = await read_object(request)
+        _check_model(obj, served)
+        stream, include_usage = check_bool(obj, "stream"), _include_usage(obj)
+        logprobs = check_bool(obj, "logprobs")
+        tm.check_admission(1)
+        with openai_params():
+            ids = chat_input_ids(tm.tokenizer, normalize_messages(obj.get("messages"), tm.limits.max_prompt_chars),
+                                 obj.get("tools"))
+            top = obj.get("top_logprobs")
+            top = 0 if top is None else fmt.check_logprobs_count(top, "top_logprobs")
+            params = fmt.sampling_params(obj, _chat_max_tokens(obj, len(ids), tm))
+            prepared, _ = tm.prepare(request.state.namespace, input_ids=ids, sampling_params=params,
+                                     return_logprob=logprobs, top_logprobs_num=top, return_text_in_logprobs=True,
+                                     stream=stream)
+        n = prepared[0].params.n
+        handle = tm.submit(prepared, stream, request.state.request_id)
+        if stream:
+            events = await open_stream(request, tm, handle)
+            if events is None:
+                return Response(status_code=499)
+            return StreamingResponse(_chat_stream(tm, handle, events, served, n, include_usage, logprobs),
+                                     media_type="text/event-stream")
+        results = await wait_results(request, tm, handle)
+        if results is None:
+            return Response(status_code=499)
+        raise_for_server_errors(results)
+        choices = [fmt.chat_choice(k, r, logprobs) for k, r in enumerate(results)]
+        return JSONResponse({**fmt.envelope("chat.completion", served, choices), "usage": fmt.usage(results, n)})
+
+
+def _chat_max_tokens(obj: dict[str, Any], prompt_len: int, tm: TokenizerManager) -> Any:
+    for key in ("max_completion_tokens", "max_tokens"):
+        if obj.get(key) is not None:
+            return obj[key]
+    room = min(tm.limits.context_len, tm.limits.max_total_tokens) - prompt_len
+    if room < 1:
+        raise ContextLengthError("the messages fill the whole context", param="messages")
+    return room
+
+
+def _echo_text(tm: TokenizerManager, prepared: Any) -> str:
+    return tm.tokenizer.decode(prepared.msg.input_ids)
+
+
+async def _completion_stream(tm: TokenizerManager, handle: RequestHandle, events: Events, model: str, n: int,
+                             include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
+    rid = fmt.envelope("text_completion", model, [])["id"]
+    sent: dict[int, str] = defaultdict(str)
+    try:
+        async for index, out in events:
+            if out.payload is None:
+                continue
+            meta = out.payload["meta_info"]
+            err = result_error(out.payload)
+            if err is not None:
+                yield stream_error(err)
+                continue
+            delta = out.payload["text"][len(sent[index]):]
+            lp = None
+            if logprobs:
+                lp = fmt.completion_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs"),
+                                             len(sent[index]))
+            sent[index] = out.payload["text"]
+            reason, matched = fmt.finish_reason(meta) if out.finished else (None, None)
+            if delta or out.finished or (lp and lp["tokens"]):
+                choice = {"index": index, "text": delta, "logprobs": lp, "finish_reason": reason,
+                          "matched_stop": matched}
+                yield sse(fmt.envelope("text_completion", model, [choice], rid))
+        if include_usage:
+            results = [handle.results[r] for r in handle.rids]
+            yield sse({**fmt.envelope("text_completion", model, [], rid), "usage": fmt.usage(results, n)})
+        yield SSE_DONE
+    finally:
+        if not handle.finished:
+            tm.abort(handle)
+
+
+async def _chat_stream(tm: TokenizerManager, handle: RequestHandle, events: Events, model: str, n: int,
+                       include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
+    rid = fmt.envelope("chat.completion.chunk", model, [])["id"]
+
+    def chunk(index: int, delta: dict[str, Any], reason: Any = None, matched: Any = None, lp: Any = None) -> bytes:
+        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+        return sse(fmt.envelope("chat.completion.chunk", model, [choice], rid))
+
+    sent: dict[int, str] = defaultdict(str)
+    try:
+        for index in range(len(handle.rids)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for index, out in events:
+            if out.payload is None:
+                continue
+            meta = out.payload["meta_info"]
+            err = result_error(out.payload)
+            if err is not None:
+                yield stream_error(err)
+                continue
+            delta = out.payload["text"][len(sent[index]):]
+            sent[index] = out.payload["text"]
+            entries = meta.get("output_token_logprobs", [])
+            lp = fmt.chat_logprobs(entries, meta.get("output_top_logprobs")) if logprobs and entries else None
+            if delta or lp:
+                yield chunk(index, {"content": delta}, lp=lp)
+            if out.finished:
+                yield chunk(index, {}, *fmt.finish_reason(meta))
+        if include_usage:
+            results = [handle.results[r] for r in handle.rids]
+            yield sse({**fmt.envelope("chat.completion.chunk", model, [], rid), "usage": fmt.usage(results, n)})
+        yield SSE_DONE
+    finally:
+        if not handle.finished:
+            tm.abort(handle)

@@ -1,0 +1,143 @@
+"""OpenAI /v1 request -> native sampling params, and native results -> OpenAI response objects.
+
+Runs in the HTTP process. Pure functions over dicts, so the conversion is tested without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from radixlm.errors import InvalidRequestError
+from radixlm.sampling_params import MAX_TOP_LOGPROBS
+
+# OpenAI field -> native sampling key; extensions (wire-protocol.md) keep their native names.
+_RENAMED = {"seed": "sampling_seed", "min_tokens": "min_new_tokens"}
+_PASSTHROUGH = ("temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+                "repetition_penalty", "regex", "json_schema", "ebnf", "stop_token_ids", "ignore_eos",
+                "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
+# Native param name in an error -> the /v1 name the client actually sent.
+OPENAI_PARAM_NAMES = {"max_new_tokens": "max_tokens", "sampling_seed": "seed", "min_new_tokens": "min_tokens"}
+
+
+def sampling_params(obj: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be an integer >= 1", param="max_tokens")
+    params: dict[str, Any] = {"max_new_tokens": max_tokens}
+    for key in _PASSTHROUGH:
+        if obj.get(key) is not None:
+            params[key] = obj[key]
+    for key, native in _RENAMED.items():
+        if obj.get(key) is not None:
+            params[native] = obj[key]
+    if obj.get("logit_bias") is not None:
+        params["logit_bias"] = _logit_bias(obj["logit_bias"])
+    params.update(_response_format(obj.get("response_format")))
+    return params
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    if not isinstance(bias, dict):
+        raise InvalidRequestError("logit_bias must be an object of token id -> bias", param="logit_bias")
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise InvalidRequestError("logit_bias keys must be token ids", param="logit_bias") from None
+    return out
+
+
+def _response_format(fmt: Any) -> dict[str, Any]:
+    if fmt is None:
+        return {}
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise InvalidRequestError("response_format.type must be text, json_object or json_schema",
+                                  param="response_format")
+    if fmt["type"] == "text":
+        return {}
+    if fmt["type"] == "json_object":
+        return {"json_schema": json.dumps({"type": "object"})}
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise InvalidRequestError("response_format.json_schema.schema must be an object", param="response_format")
+    return {"json_schema": json.dumps(spec["schema"])}
+
+
+def check_logprobs_count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}]", param=name)
+    return value
+
+
+def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
+    finish = meta.get("finish_reason")
+    if not finish:
+        return None, None
+    return finish["type"], finish.get("matched")
+
+
+def usage(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Prompt and cached tokens count once per prompt (not per n child), completion tokens per choice."""
+    firsts = results[::n]
+    prompt = sum(r["meta_info"]["prompt_tokens"] for r in firsts)
+    completion = sum(r["meta_info"]["completion_tokens"] for r in results)
+    cached = sum(r["meta_info"]["cached_tokens"] for r in firsts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def envelope(kind: str, model: str, choices: list[dict[str, Any]], rid: str | None = None) -> dict[str, Any]:
+    prefix = "cmpl-" if kind == "text_completion" else "chatcmpl-"
+    return {"id": rid or prefix + uuid.uuid4().hex, "object": kind, "created": int(time.time()), "model": model,
+            "choices": choices}
+
+
+# ---- logprobs -------------------------------------------------------------------------------------
+def completion_logprobs(entries: list[list], tops: list | None, text_start: int) -> dict[str, Any]:
+    """Native [logprob, id, text] entries -> the completions `logprobs` object."""
+    tokens, offsets, offset = [], [], text_start
+    for entry in entries:
+        tokens.append(entry[2] or "")
+        offsets.append(offset)
+        offset += len(entry[2] or "")
+    top = None if tops is None else [None if t is None else {e[2]: e[0] for e in t} for t in tops]
+    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries], "top_logprobs": top,
+            "text_offset": offsets}
+
+
+def chat_logprobs(entries: list[list], tops: list | None) -> dict[str, Any]:
+    def item(e: list) -> dict[str, Any]:
+        text = e[2] or ""
+        return {"token": text, "logprob": e[0], "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for i, entry in enumerate(entries):
+        top = tops[i] if tops is not None and i < len(tops) and tops[i] is not None else []
+        content.append({**item(entry), "top_logprobs": [item(t) for t in top]})
+    return {"content": content}
+
+
+def completion_choice(index: int, result: dict[str, Any], logprobs: bool, echo_text: str | None) -> dict[str, Any]:
+    meta = result["meta_info"]
+    reason, matched = finish_reason(meta)
+    text = (echo_text or "") + result["text"]
+    lp = None
+    if logprobs:
+        entries = list(meta.get("output_token_logprobs", []))
+        tops = meta.get("output_top_logprobs")
+        if echo_text is not None:
+            entries = list(meta.get("input_token_logprobs", [])) + entries
+            tops = None if tops is None else list(meta.get("input_top_logprobs", [])) + tops
+        lp = completion_logprobs(entries, tops, 0)
+    return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+
+
+def chat_choice(index: int, result: dict[str, Any], logprobs: bool) -> dict[str, Any]:
+    meta = result["meta_info"]
+    reason, matched = finish_reason(meta)
+    lp = chat_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs")) if logprobs else None
+    return {"index": index, "message": {"role": "assistant", "content": result["text"]}, "logprobs": lp,
+            "finish_reason": reason, "matched_stop": matched}

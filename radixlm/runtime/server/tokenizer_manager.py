@@ -1,0 +1,222 @@
+"""TokenizerManager: the HTTP process's side of the pipeline (asyncio + ZMQ).
+
+Runs in the HTTP process, on uvicorn's event loop. It validates and tokenizes requests (through
+runtime/generate_input.py, like the Engine), assigns child rids (n > 1), sends GenerateReq to the
+scheduler, and routes the detokenizer's StrOuts back to the waiting route handlers. It also tracks
+the children's health (ready handshake, heartbeats) and answers management calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Union
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from radixlm.runtime.generate_input import InputLimits, PreparedReq, prepare_generate
+from radixlm.runtime.messages import (AbortReq, BatchStrOut, ControlReq, ControlResp, GenerateReq, Heartbeat,
+                                      ProcessReady, StrOut, encode)
+from radixlm.runtime.server.errors import APIError
+from radixlm.runtime.server.metrics import ServerMetrics
+
+logger = logging.getLogger("radixlm.server")
+
+InboundMsg = Union[BatchStrOut, ControlResp, ProcessReady, Heartbeat]
+
+
+class RequestHandle:
+    """One accepted /generate call: every prompt of a batch and its n children (prompt-major order)."""
+
+    def __init__(self, rids: list[str], stream: bool):
+        self.rids = rids
+        self.index = {rid: i for i, rid in enumerate(rids)}
+        self.stream = stream
+        self.queue: asyncio.Queue[StrOut] = asyncio.Queue()
+        self.results: dict[str, dict[str, Any]] = {}
+        self.start = time.perf_counter()
+        self.last_token_at: dict[str, float] = {}
+        self.client_rids: list[str] = []
+
+    @property
+    def finished(self) -> bool:
+        return len(self.results) == len(self.rids)
+
+
+class TokenizerManager:
+    def __init__(self, addrs: Any, tokenizer, limits: InputLimits, max_inflight: int, metrics: ServerMetrics):
+        self.addrs = addrs
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.max_inflight = max_inflight  # children in the scheduler (running + queued) we admit
+        self.metrics = metrics
+        self.handles: dict[str, RequestHandle] = {}  # child rid -> its request
+        self.client_rids: dict[str, list[str]] = {}  # rid as the client named it -> child rids
+        self.ready: dict[str, ProcessReady] = {}
+        self.state = "starting"  # starting | ok | draining | unhealthy
+        self.last_heartbeat = time.monotonic()
+        self.heartbeat: Heartbeat | None = None
+        self._control: dict[str, asyncio.Future] = {}
+        self._ready_event = asyncio.Event()
+
+    async def start(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.recv = self.ctx.socket(zmq.PULL)
+        self.recv.bind(self.addrs.tokenizer_in)
+        self.to_scheduler = self.ctx.socket(zmq.PUSH)
+        self.to_scheduler.connect(self.addrs.scheduler_in)
+        self.to_detokenizer = self.ctx.socket(zmq.PUSH)
+        self.to_detokenizer.connect(self.addrs.detokenizer_in)
+        self._recv_task = asyncio.create_task(self._recv_loop())
+
+    @property
+    def receiving(self) -> bool:
+        """False once the receive loop has died: no response could ever arrive."""
+        return not self._recv_task.done()
+
+    async def close(self) -> None:
+        """Ask both children to exit (the server then waits briefly before killing them) and close."""
+        self._recv_task.cancel()
+        for sock in (self.to_scheduler, self.to_detokenizer):
+            try:
+                await asyncio.wait_for(sock.send(encode(ControlReq("", "shutdown"))), 1.0)
+            except (asyncio.TimeoutError, zmq.ZMQError):
+                pass
+        self.ctx.destroy(linger=500)
+
+    # ---- incoming ---------------------------------------------------------------------------------
+    async def _recv_loop(self) -> None:
+        decoder = msgspec.msgpack.Decoder(InboundMsg)
+        while True:
+            raw = await self.recv.recv()
+            try:
+                self._handle(decoder.decode(raw))
+            except Exception:  # one bad message must not stop every response from arriving
+                logger.exception("dropped a message from a child process")
+
+    def _handle(self, msg: InboundMsg) -> None:
+        if isinstance(msg, BatchStrOut):
+            for out in msg.outputs:
+                self._route(out)
+        elif isinstance(msg, ControlResp):
+            fut = self._control.pop(msg.req_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, Heartbeat):
+            self.last_heartbeat, self.heartbeat = time.monotonic(), msg
+            self.metrics.on_heartbeat(msg)
+        else:
+            self.ready[msg.process] = msg
+            if {"scheduler", "detokenizer"} <= self.ready.keys():
+                self._ready_event.set()
+
+    def _route(self, out: StrOut) -> None:
+        handle = self.handles.get(out.rid)
+        if handle is None:
+            return
+        now = time.perf_counter()
+        if out.num_new_tokens:
+            last = handle.last_token_at.get(out.rid)
+            if last is None:
+                self.metrics.on_first_token(now - handle.start)
+            else:
+                self.metrics.on_tokens(out.num_new_tokens, now - last)
+            handle.last_token_at[out.rid] = now
+        if out.finished:
+            self.handles.pop(out.rid, None)
+            handle.results[out.rid] = out.payload or {}
+            self.metrics.on_finish(out.payload["meta_info"] if out.payload else {}, now - handle.start)
+            if handle.finished:
+                for client_rid in handle.client_rids:
+                    self.client_rids.pop(client_rid, None)
+            elif out.payload and out.payload["meta_info"].get("error_code"):
+                self.abort(handle)  # the request fails as a whole: stop its other children now
+        handle.queue.put_nowait(out)
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def prepare(self, namespace: str, **fields: Any) -> tuple[list[PreparedReq], bool]:
+        return prepare_generate(self.tokenizer, self.limits, namespace=namespace, **fields)
+
+    def check_admission(self, num_children: int) -> None:
+        if self.state != "ok":
+            raise APIError(503, f"server is {self.state}", None, f"server_{self.state}")
+        if len(self.handles) + num_children > self.max_inflight:
+            raise APIError(503, "server overloaded: too many requests in flight", None, "queue_full")
+
+    def submit(self, prepared: list[PreparedReq], stream: bool, request_id: str = "") -> RequestHandle:
+        groups = [_child_rids(p) for p in prepared]
+        rids = [rid for group in groups for rid in group]
+        self.check_admission(len(rids))
+        if len(set(rids)) != len(rids) or any(r in self.handles for r in rids):
+            raise APIError(400, "a request with this rid is already running", "rid", "duplicate_rid")
+        handle = RequestHandle(rids, stream)
+        # Joins the access log line (request_id) to scheduler-side logs and /abort_request (rids).
+        logger.info("request_id=%s rids=%s prompt_tokens=%s stream=%s", request_id, ",".join(rids),
+                    ",".join(str(len(p.msg.input_ids)) for p in prepared), stream)
+        for p, group in zip(prepared, groups):
+            for rid in group:
+                self.handles[rid] = handle
+            self.client_rids[p.msg.rid] = group
+            handle.client_rids.append(p.msg.rid)
+            self.to_scheduler.send(encode(GenerateReq(p.msg, group, p.return_text_in_logprobs)))
+        return handle
+
+    async def wait(self, handle: RequestHandle) -> list[dict[str, Any]]:
+        while not handle.finished:
+            await handle.queue.get()
+        return [handle.results[rid] for rid in handle.rids]
+
+    async def events(self, handle: RequestHandle) -> AsyncIterator[tuple[int, StrOut]]:
+        while not (handle.finished and handle.queue.empty()):
+            out = await handle.queue.get()
+            yield handle.index[out.rid], out
+
+    def abort(self, handle: RequestHandle) -> None:
+        for rid in handle.rids:
+            if rid not in handle.results:
+                self.to_scheduler.send(encode(AbortReq(rid=rid)))
+
+    def abort_rid(self, rid: str) -> bool:
+        """Exact match on the rid the client gave (all its children) or on one child rid."""
+        children = self.client_rids.get(rid) or ([rid] if rid in self.handles else [])
+        for child in children:
+            self.to_scheduler.send(encode(AbortReq(rid=child)))
+        return bool(children)
+
+    def abort_all(self) -> None:
+        self.to_scheduler.send(encode(AbortReq(abort_all=True)))
+
+    def fail_all(self, message: str) -> None:
+        """The scheduler or detokenizer is gone: end every waiting request with an abort now."""
+        for rid, handle in list(self.handles.items()):
+            payload = {"text": "", "output_ids": [], "meta_info": {
+                "id": rid, "finish_reason": {"type": "abort", "message": message}, "prompt_tokens": 0,
+                "completion_tokens": 0, "cached_tokens": 0, "error_code": "server_unhealthy"}}
+            self._route(StrOut(rid, 0, True, payload))
+
+    # ---- management -------------------------------------------------------------------------------
+    async def control(self, target: str, kind: str, timeout: float = 10.0) -> ControlResp:
+        req_id = uuid.uuid4().hex
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._control[req_id] = fut
+        sock = self.to_scheduler if target == "scheduler" else self.to_detokenizer
+        await sock.send(encode(ControlReq(req_id, kind)))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            self._control.pop(req_id, None)
+            raise APIError(503, f"the {target} did not answer in time", None, "timeout") from None
+
+    async def wait_ready(self, timeout: float) -> None:
+        await asyncio.wait_for(self._ready_event.wait(), timeout)
+        self.last_heartbeat = time.monotonic()
+        self.state = "ok"
+
+
+def _child_rids(p: PreparedReq) -> list[str]:
+    n = p.params.n
+    return [p.msg.rid] if n == 1 else [f"{p.msg.rid}-{i}" for i in range(n)]

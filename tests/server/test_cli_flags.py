@@ -1,0 +1,39 @@
+"""`radixlm serve` / `python -m radixlm.launch_server` flags: SGLang's names map onto the frozen configs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from radixlm.runtime.cli import build_parser, build_serve_parser, engine_options, server_config
+from radixlm.runtime.config import EngineConfig, ServerConfig
+
+SGLANG_FLAGS = ["--model-path", "m", "--tokenizer-path", "t", "--host", "0.0.0.0", "--port", "31000",
+                "--api-key", "k1", "--api-key", "k2", "--served-model-name", "s", "--context-length", "256",
+                "--dtype", "float32", "--chunked-prefill-size", "64", "--max-running-requests", "8",
+                "--max-total-tokens", "1000", "--mem-fraction-static", "0.5", "--schedule-policy", "fcfs",
+                "--disable-radix-cache", "--grammar-backend", "xgrammar", "--enable-metrics", "--log-level", "error"]
+
+
+def test_sglang_flag_names_parse_into_configs():
+    args = build_serve_parser().parse_args(SGLANG_FLAGS + ["--max-queued-requests", "3", "--admin-api-key", "a"])
+    cfg = server_config(args)
+    assert (cfg.host, cfg.port, cfg.api_keys, cfg.served_model_name) == ("0.0.0.0", 31000, ("k1", "k2"), "s")
+    assert cfg.enable_metrics and cfg.log_level == "error" and cfg.admin_api_key == "a"
+    engine = EngineConfig.from_options("m", **engine_options(args), max_queued_requests=args.max_queued_requests,
+                                       grammar_backend=args.grammar_backend)
+    assert engine.grammar.grammar_backend == "xgrammar"
+    assert engine.model.context_length == 256 and engine.cache.max_total_tokens == 1000
+    assert engine.cache.disable_radix_cache and engine.scheduler.schedule_policy == "fcfs"
+    assert engine.scheduler.max_running_requests == 8 and engine.scheduler.max_queued_requests == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.port = 1  # type: ignore[misc]
+
+
+def test_serve_subcommand_and_defaults():
+    args = build_parser().parse_args(["serve", "--port", "30001"])
+    assert args.func.__name__ == "cmd_serve" and args.model_path is None
+    cfg = server_config(args)
+    assert (cfg.host, cfg.port, cfg.api_keys, cfg.max_body_bytes) == ("127.0.0.1", 30001, (), 8 << 20)
+    assert ServerConfig().port == 30000
