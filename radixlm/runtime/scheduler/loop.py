@@ -114,6 +114,7 @@ class SchedulerLoop:
             self._send_outputs(outs)
         elif msg.kind == "shutdown":  # the server is exiting and waits for us
             self.scheduler.grammar.close()  # stops the grammar compile workers
+            self.built.runner.close()  # stops tensor-parallel worker ranks (no-op at tp_size 1)
             for sock in (self.recv, self.to_detok, self.to_tm):
                 sock.close(linger=0)  # closed before exit: a ZMQ context's term() waits for its sockets
             raise SystemExit(0)
