@@ -54,7 +54,8 @@ class _Worker:
         # The pipe is a Unix socketpair wrapped as a Connection: bytes only, never pickle.
         parent_sock, child_sock = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-m", "radixlm.constrained.worker", str(child_sock.fileno())],
-                                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL)
+                                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # a terminal's Ctrl-C drains the server, not us
         child_sock.close()
         parent = Connection(parent_sock.detach())
         try:
