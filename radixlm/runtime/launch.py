@@ -132,6 +132,18 @@ def stop_children(procs: dict[str, BaseProcess], grace_s: float = 3.0) -> None:
             proc.join(10.0)
 
 
+def _scheduler_threads(model_config) -> int:
+    """Torch threads for the scheduler process. The HTTP and detokenizer processes work on every token
+    too; on a small machine, OpenMP threads spinning at barriers while those run make decode several
+    times slower (measured 5x on 2 cores), so by default the scheduler leaves one core to them."""
+    from radixlm.runtime.model.model_runner import default_num_threads
+
+    if model_config.num_threads is not None:
+        return model_config.num_threads
+    cores = default_num_threads()
+    return cores - 1 if 2 <= cores <= 8 else cores
+
+
 def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Run the server until it is drained (exit code 0) or a child dies or hangs (exit code 1)."""
     import asyncio
@@ -144,8 +156,8 @@ def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> i
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Resolve once here (the default model may be downloaded and converted) so children get a plain dir.
     model_dir = str(resolve_model_path(engine_config.model.model_path))
-    engine_config = dataclasses.replace(engine_config,
-                                        model=dataclasses.replace(engine_config.model, model_path=model_dir))
+    engine_config = dataclasses.replace(engine_config, model=dataclasses.replace(
+        engine_config.model, model_path=model_dir, num_threads=_scheduler_threads(engine_config.model)))
     tokenizer_path = engine_config.model.tokenizer_path or model_dir
     ipc_dir = tempfile.mkdtemp(prefix="radixlm-ipc-")  # mode 0700: only this user can connect
     procs: dict[str, BaseProcess] = {}

@@ -83,3 +83,34 @@ def scripted():
     saved = global_config.default_backend
     yield ScriptedBackend
     global_config.default_backend = saved
+
+
+# ---- the real default model (SmolLM2-135M-Instruct), for the `slow` program suite ---------------
+@pytest.fixture(scope="session")
+def smol_engine():
+    """ONE in-process Engine on the default model, shared by every slow frontend test (loading is the
+    expensive part; tests that need their own cache numbers take deltas of engine.cache_stats())."""
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(None, max_total_tokens=32768)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smol_runtime():
+    """A launched radixlm server (`Runtime(...)`) on the default model, or a skip that says why not."""
+    import importlib.util
+
+    if importlib.util.find_spec("radixlm.launch_server") is None:
+        pytest.skip("HTTP backend: radixlm.launch_server is not importable (server not built)")
+    from radixlm.lang.backend.runtime import Runtime
+
+    try:
+        # One torch thread: the server's HTTP, tokenizer and detokenizer processes need the other core (with
+        # two threads the scheduler is oversubscribed and decodes ~5x slower on a 2-core machine).
+        runtime = Runtime(None, log_level="error", launch_timeout=240, num_threads=1)
+    except (RuntimeError, TimeoutError, OSError) as e:
+        pytest.skip(f"HTTP backend: `python -m radixlm.launch_server` did not start on the default model ({e})")
+    yield runtime
+    runtime.shutdown()
