@@ -15,7 +15,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,8 @@ class GrammarCache:
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         self.num_compiles = 0  # jobs sent to workers (tests check dedup with it)
+        # Wall time of each finished compile (failures included); the server's metrics drain it.
+        self.compile_seconds: deque[float] = deque(maxlen=1024)
         init = backend.worker_init_messages()
         self._workers = [_Worker(init, self.config) for _ in range(self.config.num_workers)]
         self._threads = [threading.Thread(target=self._dispatch, args=(w,), daemon=True,
@@ -167,12 +170,14 @@ class GrammarCache:
             kind, spec, fut = job
             if not fut.set_running_or_notify_cancel():
                 continue
+            start = time.perf_counter()
             try:
                 fut.set_result(self.backend.load(worker.compile(kind, spec)))
             except GrammarError as e:
                 fut.set_exception(e)
             except Exception:  # noqa: BLE001 - never let one spec take the dispatcher down
                 fut.set_exception(GrammarError(param_for(kind), INVALID_GRAMMAR, "grammar could not be compiled"))
+            self.compile_seconds.append(time.perf_counter() - start)
         worker.stop()
 
     def close(self) -> None:

@@ -120,6 +120,7 @@ class Heartbeat(msgspec.Struct, tag=True):
     num_cached_tokens: int  # tokens held by the radix tree (evictable or locked)
     num_evictable_tokens: int = 0
     num_locked_tokens: int = 0
+    grammar_compile_seconds: list[float] = []  # compiles finished since the previous heartbeat
 
 
 class StrOut(msgspec.Struct):

@@ -185,3 +185,18 @@ def test_health_generate_and_metrics(client, server):
               if l and not l.startswith("#")}
     assert values["radixlm_kv_locked_tokens"] == 0
     assert values["radixlm_kv_free_tokens"] + values["radixlm_kv_evictable_tokens"] == values["radixlm_kv_total_tokens"]
+
+
+def test_grammar_compile_time_is_a_metric(client, server):
+    def count() -> float:
+        for line in client.get("/metrics").text.splitlines():
+            if line.startswith("radixlm_grammar_compile_seconds_count"):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = count()
+    res = client.post("/generate", json={"text": "Code:", "sampling_params": {
+        "max_new_tokens": 8, "temperature": 0, "regex": "[0-9]{3}-metric-[a-z]{2}"}})
+    assert res.status_code == 200
+    time.sleep(1.0)  # carried by the next heartbeat (every 0.5 s)
+    assert count() >= before + 1

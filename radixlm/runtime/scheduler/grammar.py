@@ -91,6 +91,14 @@ class GrammarManager:
         self._pending = []
         return reqs
 
+    def drain_compile_seconds(self) -> list[float]:
+        """Compile times finished since the last call (for the server's grammar compile histogram)."""
+        times: list[float] = []
+        if self._cache is not None:
+            while self._cache.compile_seconds:
+                times.append(self._cache.compile_seconds.popleft())
+        return times
+
     def close(self) -> None:
         if self._cache is not None:
             self._cache.close()

@@ -163,7 +163,8 @@ class SchedulerLoop:
             num_waiting=len(self.scheduler.waiting), num_free_tokens=kv.allocator.num_free(),
             num_total_tokens=kv.allocator.size, num_cached_tokens=kv.tree.total_size() if kv.tree else 0,
             num_evictable_tokens=kv.tree.evictable_size() if kv.tree else 0,
-            num_locked_tokens=kv.tree.protected_size() if kv.tree else 0)))
+            num_locked_tokens=kv.tree.protected_size() if kv.tree else 0,
+            grammar_compile_seconds=self.scheduler.grammar.drain_compile_seconds())))
 
     # ---- management -------------------------------------------------------------------------------
     def _control(self, msg: ControlReq) -> ControlResp:

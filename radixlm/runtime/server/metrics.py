@@ -39,6 +39,8 @@ class ServerMetrics:
                              buckets=_TOKEN_BUCKETS, registry=r)
         self.e2e = Histogram(p + "e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.grammar_compile = Histogram(p + "grammar_compile_seconds", "Grammar compile wall time (workers)",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -72,6 +74,8 @@ class ServerMetrics:
         self.kv_evictable.set(hb.num_evictable_tokens)
         self.kv_locked.set(hb.num_locked_tokens)
         self.kv_total.set(hb.num_total_tokens)
+        for seconds in hb.grammar_compile_seconds:
+            self.grammar_compile.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
