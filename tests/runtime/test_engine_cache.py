@@ -94,3 +94,20 @@ def test_every_policy_gives_the_same_greedy_outputs(tiny_llama_dir, policy):
                 max_running_requests=3) as eng:
         assert [r["output_ids"] for r in eng.generate(prompts, GREEDY)] == expected
         eng.check_integrity()
+
+
+def test_cascade_decode_over_a_long_shared_prefix_keeps_outputs(tiny_llama_dir, monkeypatch):
+    import radixlm.runtime.model.layers.attention as attention
+
+    calls = []
+    real = attention.cascade_decode
+    monkeypatch.setattr(attention, "cascade_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prompts = [SHARED * 3 + q for q in QUESTIONS]
+    outputs = {}
+    for name, opts in {"off": {"disable_radix_cache": True}, "on": {}}.items():
+        with Engine(str(tiny_llama_dir), max_total_tokens=4096, **opts) as eng:
+            outputs[name] = [r["output_ids"] for r in eng.generate(prompts, GREEDY)]
+            eng.check_integrity()
+        if name == "off":
+            assert not calls  # without the cache no two requests share slots
+    assert calls and outputs["on"] == outputs["off"]

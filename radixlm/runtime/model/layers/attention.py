@@ -14,6 +14,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from radixlm.runtime.model.layers.cascade import MIN_SHARED_TOKENS, cascade_decode, shared_prefix_len
+
 
 @dataclass
 class AttentionMetadata:
@@ -79,6 +81,11 @@ class TorchAttentionBackend:
                 meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
         # q [b, Hq, D]; gather each row's slots into a padded [b, L] block and mask the padding.
         slots, mask = self._decode_plan(meta, rows)
+        shared = meta.plan_cache.get("decode_shared")
+        if shared is None:
+            shared = meta.plan_cache["decode_shared"] = shared_prefix_len(slots, mask[:, 0, 0, :])
+        if shared >= MIN_SHARED_TOKENS:  # requests share a cached prefix: read it once, not b times
+            return cascade_decode(q, k_buf, v_buf, slots, mask[:, 0, 0, :], shared, meta.sm_scale)
         b, L = slots.shape
         flat = slots.reshape(-1)
         # index_select on the flat slot list is ~2.5x faster than advanced indexing with a 2-D index.
