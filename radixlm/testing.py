@@ -116,3 +116,19 @@ def build_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int 
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
     return out
+
+
+def hf_greedy_ids(model_dir: str | os.PathLike, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """The reference: transformers `generate` (greedy, fp32, one prompt at a time) -> new token ids."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    outs = []
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=tok.pad_token_id)
+        outs.append(gen[0, ids.shape[1]:].tolist())
+    return outs

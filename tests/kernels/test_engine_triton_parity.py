@@ -7,7 +7,8 @@ lengths are small; chunked prefill makes extend batches with cached prefixes and
 from __future__ import annotations
 
 import pytest
-import torch
+
+from radixlm.testing import hf_greedy_ids
 
 pytest.importorskip("triton")
 
@@ -15,24 +16,10 @@ PROMPTS = ["Paris", "The quick brown fox jumps over the lazy dog.", "Question: W
 NEW_TOKENS = 6
 
 
-def _hf_greedy(model_dir) -> list[list[int]]:
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    outs = []
-    for prompt in PROMPTS:
-        ids = tok(prompt, return_tensors="pt").input_ids
-        gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                             attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
-        outs.append(gen[0, ids.shape[1]:].tolist())
-    return outs
-
-
 def test_greedy_parity_with_triton_attention(tiny_llama_dir, device):
     from radixlm.runtime.engine import Engine
 
-    expected = _hf_greedy(tiny_llama_dir)
+    expected = hf_greedy_ids(tiny_llama_dir, PROMPTS, NEW_TOKENS)
     with Engine(str(tiny_llama_dir), attention_backend="triton", device=str(device), dtype="float32",
                 max_total_tokens=512, chunked_prefill_size=8) as engine:
         assert type(engine.runner.backend).__name__ == "TritonAttentionBackend"

@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from radixlm.runtime.engine import Engine
+from radixlm.testing import hf_greedy_ids
 
 PROMPTS = [
     "Paris",
@@ -29,15 +30,7 @@ def hf_greedy(model_dir, prompts: list[str], max_new_tokens: int) -> list[list[i
 
 @functools.cache
 def _hf_greedy(model_dir: str, prompts: tuple[str, ...], max_new_tokens: int) -> tuple[tuple[int, ...], ...]:
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    outs = []
-    for p in prompts:
-        ids = tok(p, return_tensors="pt").input_ids
-        gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
-                             attention_mask=torch.ones_like(ids), pad_token_id=tok.pad_token_id)
-        outs.append(tuple(gen[0, ids.shape[1]:].tolist()))
-    return tuple(outs)
+    return tuple(tuple(ids) for ids in hf_greedy_ids(model_dir, list(prompts), max_new_tokens))
 
 
 def engine_greedy(engine: Engine, prompts: list[str], max_new_tokens: int) -> list[list[int]]:

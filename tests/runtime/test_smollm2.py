@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import transformers
 
 from radixlm.runtime.engine import Engine
+from radixlm.testing import hf_greedy_ids
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +40,7 @@ def prompts(model_dir):
 
 @pytest.fixture(scope="module")
 def hf_outputs(model_dir, prompts):
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    outs = []
-    for p in prompts:
-        ids = tok(p, return_tensors="pt").input_ids
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                             do_sample=False, pad_token_id=tok.pad_token_id)
-        outs.append(gen[0, ids.shape[1]:].tolist())
-    return outs
+    return hf_greedy_ids(model_dir, prompts, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("options", [
