@@ -85,8 +85,7 @@ class Engine:
                 for other in states:
                     if not other.finished:
                         self._loop.abort(other.rid)
-                raise InvalidRequestError(state.error["message"], state.error.get("param"),
-                                          state.error.get("code") or "invalid_value")
+                raise _refused(state.error)
         return [s.to_dict() for s in states]
 
     def _stream(self, state: ResponseState) -> Iterator[dict[str, Any]]:
@@ -98,8 +97,7 @@ class Engine:
                     raise out
                 state.update(out)
                 if state.error is not None:
-                    raise InvalidRequestError(state.error["message"], state.error.get("param"),
-                                              state.error.get("code") or "invalid_value")
+                    raise _refused(state.error)
                 yield state.to_dict(streaming=True)
         finally:
             if not state.finished:  # the consumer stopped early: free the request's KV now
@@ -161,3 +159,8 @@ class Engine:
             self._loop.stop()
         except Exception:
             pass
+
+
+def _refused(error: dict[str, Any]) -> InvalidRequestError:
+    """The scheduler refused the request (e.g. its grammar did not compile): the caller's 400."""
+    return InvalidRequestError(error["message"], error.get("param"), error.get("code") or "invalid_value")
