@@ -1,12 +1,14 @@
 """Data-parallel router: cache hit rate and throughput, cache-aware vs round-robin, on real replicas.
 
     .venv/bin/python benchmarks/bench_router.py [--model-path DIR] [--replicas 2] [--tenants 8]
-        [--questions 8] [--concurrency 8] [--new 8]
+        [--questions 8] [--concurrency 8] [--new 8] [--dp-size-too]
 
 Starts `--replicas` `radixlm serve` processes (a tiny random Llama unless --model-path; 1 thread each)
 and, per policy, a `python -m radixlm.router` in front of them; flushes every cache; sends a multi-tenant
 workload (each tenant a long shared system prefix + its own questions, in a shuffled order, `concurrency`
-at a time). The hit rate is what the replicas report (cached_tokens / prompt_tokens).
+at a time). The hit rate is what the replicas report (cached_tokens / prompt_tokens). With
+--dp-size-too it then runs the same workload, per policy, on one `radixlm serve --dp-size <replicas>`
+(data parallelism inside one server, 1 thread per scheduler rank).
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--new", type=int, default=8)
+    p.add_argument("--dp-size-too", action="store_true", help="also one server with --dp-size <replicas>")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model_path or str(build_tiny_model(tmp, arch="llama"))
@@ -105,7 +108,7 @@ def main() -> None:
         prompts = workload(a.tenants, a.questions)
         print(f"# {a.replicas} replicas ({os.path.basename(model)}), {a.tenants} tenants x {a.questions} "
               f"questions, concurrency {a.concurrency}, {a.new} new tokens, {os.cpu_count()} cores")
-        print(f"{'policy':>12} | {'hit rate':>8} | {'req/s':>6} | {'out tok/s':>9}")
+        print(f"{'policy':>18} | {'hit rate':>8} | {'req/s':>6} | {'out tok/s':>9}")
         try:
             for policy in ("round_robin", "cache_aware"):
                 port = free_port()
@@ -115,10 +118,26 @@ def main() -> None:
                     hit, rps, tps = run(f"http://127.0.0.1:{port}", prompts, a.concurrency, a.new)
                 finally:
                     stop(router)
-                print(f"{policy:>12} | {hit:>8.3f} | {rps:>6.2f} | {tps:>9.1f}")
+                print(f"{'router ' + policy:>18} | {hit:>8.3f} | {rps:>6.2f} | {tps:>9.1f}")
         finally:
             for s in servers:
                 stop(s)
+        if a.dp_size_too:
+            run_in_server_dp(model, prompts, a)
+
+
+def run_in_server_dp(model: str, prompts: list[str], a: argparse.Namespace) -> None:
+    """The same workload on one server with --dp-size replicas, once per --dp-load-balance."""
+    for policy in ("round_robin", "cache_aware"):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = start(["radixlm.launch_server", "--model-path", model, "--port", str(port), "--num-threads", "1",
+                        "--dp-size", str(a.replicas), "--dp-load-balance", policy, "--log-level", "warning"], url)
+        try:
+            hit, rps, tps = run(url, prompts, a.concurrency, a.new)
+        finally:
+            stop(server)
+        print(f"{'dp ' + policy:>18} | {hit:>8.3f} | {rps:>6.2f} | {tps:>9.1f}")
 
 
 if __name__ == "__main__":

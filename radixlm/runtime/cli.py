@@ -128,6 +128,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-chars", type=int, default=ServerConfig.max_prompt_chars)
     p.add_argument("--watchdog-timeout", type=float, default=ServerConfig.watchdog_timeout)
     p.add_argument("--drain-timeout", type=float, default=ServerConfig.drain_timeout)
+    p.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=ServerConfig.dp_size,
+                   help="data-parallel scheduler processes in this server, one model copy each (docs/scaling.md)")
+    p.add_argument("--dp-load-balance", "--load-balance-method", dest="dp_load_balance",
+                   default=ServerConfig.dp_load_balance, choices=["cache_aware", "round_robin"],
+                   help="how --dp-size picks a scheduler for each request")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -136,12 +141,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         served_model_name=args.served_model_name, enable_metrics=args.enable_metrics, log_level=args.log_level,
         max_body_bytes=args.max_body_bytes,
         max_prompt_chars=args.max_prompt_chars, watchdog_timeout=args.watchdog_timeout,
-        drain_timeout=args.drain_timeout)
+        drain_timeout=args.drain_timeout, dp_size=args.dp_size, dp_load_balance=args.dp_load_balance)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from radixlm.runtime.config import EngineConfig
-    from radixlm.runtime.launch import exit_now, launch_server
+    from radixlm.runtime.launch import check_dp_options, exit_now, launch_server
 
     options = {**engine_options(args), "max_queued_requests": args.max_queued_requests,
                "grammar_backend": args.grammar_backend}
@@ -149,7 +154,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from radixlm.runtime.model.tp_worker import launch_node
 
         return launch_node(EngineConfig.from_options(args.model_path, **options).model)
-    code = launch_server(EngineConfig.from_options(args.model_path, **options), server_config(args))
+    engine_config = EngineConfig.from_options(args.model_path, **options)
+    try:
+        config = server_config(args)
+        check_dp_options(engine_config, config)
+    except ValueError as exc:  # e.g. --dp-size 0, or --dp-size with --tp-size: refused before any process
+        print(f"radixlm serve: error: {exc}", file=sys.stderr)
+        return 2
+    code = launch_server(engine_config, config)
     exit_now(code)  # skip interpreter teardown (torch/ZMQ finalizers can stall for seconds)
     return code
 

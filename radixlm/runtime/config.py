@@ -20,6 +20,10 @@ class ModelConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU; None = number of physical cores
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
     seed: int = 0  # global RNG seed for unseeded sampling
+    weight_layout: str = "auto"  # auto (measured fastest on the device, model/weight_layout.py) | row
+    # Decode steps replay CUDA graphs (model/cuda_graph.py) on CUDA with the Triton backend; SGLang's names.
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None  # None = min(max_running_requests, 128)
     # Tensor parallelism (docs/scaling.md): ranks split heads/MLP/vocab; SGLang's names for multi-node.
     tp_size: int = 1
     nnodes: int = 1
@@ -95,6 +99,16 @@ class ServerConfig:
     drain_timeout: float = 60.0  # SIGTERM: seconds to finish in-flight work before aborting it
     health_generate_timeout: float = 20.0
     startup_timeout: float = 600.0  # model load (and the default model's one-time download)
+    # Data parallelism inside this server (docs/scaling.md): dp_size scheduler processes, each with its
+    # own model copy and radix cache; the tokenizer manager picks one per request.
+    dp_size: int = 1
+    dp_load_balance: str = "cache_aware"  # cache_aware | round_robin
+
+    def __post_init__(self) -> None:
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be at least 1; got {self.dp_size}")
+        if self.dp_load_balance not in ("cache_aware", "round_robin"):
+            raise ValueError(f"dp_load_balance must be cache_aware or round_robin; got {self.dp_load_balance!r}")
 
 
 def _field_names(cls: type) -> set[str]:

@@ -3,10 +3,10 @@
 Runs in the server's main process (which becomes the HTTP + tokenizer-manager process). The child-side
 helpers (`die_with_parent`, `setup_logging`) run at the start of each child.
 
-Process tree: main (uvicorn + TokenizerManager) -> scheduler, detokenizer; both started with the
-"spawn" context so they never inherit a forked torch or event-loop state. They talk over ZMQ ipc://
-sockets in a private 0700 temp directory that the main process removes on exit; every message is a
-msgspec struct (runtime/messages.py).
+Process tree: main (uvicorn + TokenizerManager) -> scheduler (or --dp-size schedulers, one model copy
+each), detokenizer; all started with the "spawn" context so they never inherit a forked torch or
+event-loop state. They talk over ZMQ ipc:// sockets in a private 0700 temp directory that the main
+process removes on exit; every message is a msgspec struct (runtime/messages.py).
 """
 
 from __future__ import annotations
@@ -40,10 +40,22 @@ class IpcAddrs:
     scheduler_in: str
     detokenizer_in: str
     tokenizer_in: str
+    dp_size: int = 1  # scheduler ranks, each with its own input (scheduler_ins)
 
     @classmethod
-    def in_dir(cls, directory: str) -> "IpcAddrs":
-        return cls(*(f"ipc://{os.path.join(directory, name)}" for name in ("sched", "detok", "tok")))
+    def in_dir(cls, directory: str, dp_size: int = 1) -> "IpcAddrs":
+        return cls(*(f"ipc://{os.path.join(directory, name)}" for name in ("sched", "detok", "tok")), dp_size)
+
+    @property
+    def scheduler_ins(self) -> list[str]:
+        """One input per data-parallel scheduler rank; dp_size 1 keeps the single scheduler's name."""
+        if self.dp_size == 1:
+            return [self.scheduler_in]
+        return [f"{self.scheduler_in}{rank}" for rank in range(self.dp_size)]
+
+    def for_rank(self, rank: int) -> "IpcAddrs":
+        """What scheduler rank `rank` binds and connects to (it reads only scheduler_in)."""
+        return dataclasses.replace(self, scheduler_in=self.scheduler_ins[rank], dp_size=1)
 
     @property
     def directory(self) -> str:
@@ -105,16 +117,20 @@ def start_children(engine_config: EngineConfig, server_config: ServerConfig, add
 
     from radixlm.runtime.detokenizer import run_detokenizer_process
     from radixlm.runtime.scheduler.loop import run_scheduler_process
+    from radixlm.runtime.server.dp_dispatch import scheduler_name
 
     ctx = mp.get_context("spawn")
     parent = os.getpid()
+    dp_size = server_config.dp_size
+    procs: dict[str, BaseProcess] = {}
     # Not daemonic: the scheduler may start its own worker processes (grammar compilation).
-    procs = {
-        "scheduler": ctx.Process(target=run_scheduler_process, name="radixlm-scheduler",
-                                 args=(engine_config, addrs, parent, server_config.log_level)),
-        "detokenizer": ctx.Process(target=run_detokenizer_process, name="radixlm-detokenizer",
-                                   args=(tokenizer_path, addrs, parent, server_config.log_level)),
-    }
+    for rank in range(dp_size):
+        name = scheduler_name(rank, dp_size)
+        procs[name] = ctx.Process(target=run_scheduler_process, name=f"radixlm-{name}",
+                                  args=(_rank_config(engine_config, rank, dp_size), addrs.for_rank(rank),
+                                        parent, server_config.log_level, rank))
+    procs["detokenizer"] = ctx.Process(target=run_detokenizer_process, name="radixlm-detokenizer",
+                                       args=(tokenizer_path, addrs, parent, server_config.log_level))
     for proc in procs.values():
         proc.start()
     return procs
@@ -132,16 +148,43 @@ def stop_children(procs: dict[str, BaseProcess], grace_s: float = 3.0) -> None:
             proc.join(10.0)
 
 
-def _scheduler_threads(model_config) -> int:
-    """Torch threads for the scheduler process. The HTTP and detokenizer processes work on every token
+def _scheduler_threads(model_config, dp_size: int = 1) -> int:
+    """Torch threads per scheduler process. The HTTP and detokenizer processes work on every token
     too; on a small machine, OpenMP threads spinning at barriers while those run make decode several
-    times slower (measured 5x on 2 cores), so by default the scheduler leaves one core to them."""
+    times slower (measured 5x on 2 cores), so by default the schedulers leave one core to them and
+    split the rest (at least one thread each). An explicit --num-threads is per scheduler."""
     from radixlm.runtime.model.model_runner import default_num_threads
 
     if model_config.num_threads is not None:
         return model_config.num_threads
     cores = default_num_threads()
-    return cores - 1 if 2 <= cores <= 8 else cores
+    usable = cores - 1 if 2 <= cores <= 8 else cores
+    return max(1, usable // dp_size)
+
+
+def check_dp_options(engine_config: EngineConfig, server_config: ServerConfig) -> None:
+    """--dp-size > 1 runs N independent single-rank schedulers. Refused with tensor parallelism: a tp
+    rank picks its device and thread share from its tp rank alone, so two dp groups would land on the
+    same devices and cores."""
+    dp, model = server_config.dp_size, engine_config.model
+    if dp > 1 and (model.tp_size > 1 or model.nnodes > 1):
+        raise ValueError(f"--dp-size {dp} cannot be combined with --tp-size {model.tp_size} / --nnodes "
+                         f"{model.nnodes}: data parallelism inside one server needs tp_size 1; run several "
+                         "tensor-parallel servers behind `python -m radixlm.router` instead (docs/scaling.md)")
+
+
+def _rank_config(engine_config: EngineConfig, rank: int, dp_size: int) -> EngineConfig:
+    """On CUDA, data-parallel ranks take devices round-robin (they share a device when there are fewer
+    devices than ranks; each then sizes its KV pool from the memory still free when it loads)."""
+    device = engine_config.model.device
+    if dp_size == 1 or device not in ("auto", "cuda"):
+        return engine_config
+    import torch
+
+    if not torch.cuda.is_available():
+        return engine_config
+    device = f"cuda:{rank % torch.cuda.device_count()}"
+    return dataclasses.replace(engine_config, model=dataclasses.replace(engine_config.model, device=device))
 
 
 def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
@@ -152,17 +195,19 @@ def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> i
     from radixlm.runtime.server.runner import serve
 
     setup_logging(server_config.log_level)
+    check_dp_options(engine_config, server_config)
     # A SIGTERM while the model loads must still clean up children and sockets (finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Resolve once here (the default model may be downloaded and converted) so children get a plain dir.
     model_dir = str(resolve_model_path(engine_config.model.model_path))
     engine_config = dataclasses.replace(engine_config, model=dataclasses.replace(
-        engine_config.model, model_path=model_dir, num_threads=_scheduler_threads(engine_config.model)))
+        engine_config.model, model_path=model_dir,
+        num_threads=_scheduler_threads(engine_config.model, server_config.dp_size)))
     tokenizer_path = engine_config.model.tokenizer_path or model_dir
     ipc_dir = tempfile.mkdtemp(prefix="radixlm-ipc-")  # mode 0700: only this user can connect
     procs: dict[str, BaseProcess] = {}
     try:
-        addrs = IpcAddrs.in_dir(ipc_dir)
+        addrs = IpcAddrs.in_dir(ipc_dir, server_config.dp_size)
         procs = start_children(engine_config, server_config, addrs, tokenizer_path)
         return asyncio.run(serve(engine_config, server_config, addrs, procs, tokenizer_path))
     finally:

@@ -107,6 +107,7 @@ class ProcessReady(msgspec.Struct, tag=True):
     process: str  # scheduler | detokenizer
     pid: int
     info: dict[str, Any] = {}
+    dp_rank: int = 0  # which data-parallel scheduler (--dp-size); 0 for the detokenizer
 
 
 class Heartbeat(msgspec.Struct, tag=True):
@@ -121,6 +122,7 @@ class Heartbeat(msgspec.Struct, tag=True):
     num_evictable_tokens: int = 0
     num_locked_tokens: int = 0
     grammar_compile_seconds: list[float] = []  # compiles finished since the previous heartbeat
+    dp_rank: int = 0  # which data-parallel scheduler sent it (--dp-size)
 
 
 class StrOut(msgspec.Struct):

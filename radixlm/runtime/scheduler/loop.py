@@ -3,7 +3,9 @@
 Runs in the scheduler process (started by runtime/launch.py). Receives GenerateReq / AbortReq /
 ControlReq from the tokenizer manager without blocking while there is work, runs one scheduler step
 at a time, and sends every step's TokenOuts to the detokenizer. Between steps it sends a Heartbeat to
-the tokenizer manager, whose watchdog treats a silent scheduler as hung.
+the tokenizer manager, whose watchdog treats a silent scheduler as hung. With `--dp-size N` the server
+runs N of these processes (dp_rank 0..N-1), each with its own model copy, input socket and cache; they
+share the detokenizer and the tokenizer manager, and tag their ready and heartbeat messages with dp_rank.
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ _GRAMMAR_POLL_MS = 2  # only grammars compiling (in worker processes): check oft
 InboundMsg = Union[GenerateReq, AbortReq, ControlReq]
 
 
-def run_scheduler_process(config: EngineConfig, addrs: Any, parent_pid: int, log_level: str) -> None:
+def run_scheduler_process(config: EngineConfig, addrs: Any, parent_pid: int, log_level: str,
+                          dp_rank: int = 0) -> None:
     from radixlm.runtime.launch import die_with_parent, setup_logging
 
     die_with_parent(parent_pid)
     setup_logging(log_level)
+    if config.model.device.startswith("cuda:"):  # a data-parallel rank's own device (launch._rank_config)
+        import torch
+
+        torch.cuda.set_device(config.model.device)  # kernels launch on the current device
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)  # never block exit on messages to a server that is already gone
     recv = ctx.socket(zmq.PULL)
@@ -46,9 +53,9 @@ def run_scheduler_process(config: EngineConfig, addrs: Any, parent_pid: int, log
     to_tm = ctx.socket(zmq.PUSH)
     to_tm.connect(addrs.tokenizer_in)
     built = build_scheduler(config)  # an exception here exits non-zero: the server reports it and exits
-    to_tm.send(encode(ProcessReady("scheduler", os.getpid(), model_info(built, config))))
+    to_tm.send(encode(ProcessReady("scheduler", os.getpid(), model_info(built, config), dp_rank=dp_rank)))
     try:
-        SchedulerLoop(built, recv, to_detok, to_tm).run()
+        SchedulerLoop(built, recv, to_detok, to_tm, dp_rank).run()
     finally:
         ctx.destroy(linger=0)
 
@@ -74,8 +81,10 @@ def _rejection(msg: GenerateReq, rid: str, message: str, code: str, param: str |
 
 
 class SchedulerLoop:
-    def __init__(self, built: BuiltScheduler, recv: zmq.Socket, to_detok: zmq.Socket, to_tm: zmq.Socket):
+    def __init__(self, built: BuiltScheduler, recv: zmq.Socket, to_detok: zmq.Socket, to_tm: zmq.Socket,
+                 dp_rank: int = 0):
         self.built = built
+        self.dp_rank = dp_rank
         self.scheduler = built.scheduler
         self.recv = recv
         self.to_detok = to_detok
@@ -164,7 +173,7 @@ class SchedulerLoop:
             num_total_tokens=kv.allocator.size, num_cached_tokens=kv.tree.total_size() if kv.tree else 0,
             num_evictable_tokens=kv.tree.evictable_size() if kv.tree else 0,
             num_locked_tokens=kv.tree.protected_size() if kv.tree else 0,
-            grammar_compile_seconds=self.scheduler.grammar.drain_compile_seconds())))
+            grammar_compile_seconds=self.scheduler.grammar.drain_compile_seconds(), dp_rank=self.dp_rank)))
 
     # ---- management -------------------------------------------------------------------------------
     def _control(self, msg: ControlReq) -> ControlResp:

@@ -238,20 +238,25 @@ def _install_native_routes(app: FastAPI, ctx: AppContext) -> None:
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Response:
-        tm.check_admission(1)
-        prepared, _ = tm.prepare("health", input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
-        handle = tm.submit(prepared, False)
+        tm.check_admission(tm.dp_size)
+        handles = []  # one probe per scheduler rank (--dp-size): every rank must answer
+        for rank in range(tm.dp_size):
+            prepared, _ = tm.prepare("health", input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
+            handles.append(tm.submit(prepared, False, rank=rank))
         try:
-            results = await asyncio.wait_for(tm.wait(handle), ctx.config.health_generate_timeout)
+            results = await asyncio.wait_for(asyncio.gather(*(tm.wait(h) for h in handles)),
+                                             ctx.config.health_generate_timeout)
         except asyncio.TimeoutError:
-            tm.abort(handle)
+            for handle in handles:
+                tm.abort(handle)
             return error_response(503, "the scheduler did not answer in time", None, "timeout")
-        raise_for_server_errors(results)
+        for result in results:
+            raise_for_server_errors(result)
         return JSONResponse({})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        resp = await tm.control("scheduler", "flush_cache")
+        resp = await tm.flush_cache()
         if not resp.ok:
             return error_response(400, "cannot flush the cache while requests are running", None, "busy")
         return JSONResponse({"message": "Cache flushed."})
@@ -289,9 +294,10 @@ def _install_native_routes(app: FastAPI, ctx: AppContext) -> None:
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def server_info() -> Response:
-        resp = await tm.control("scheduler", "server_info")
+        resp = await tm.control("scheduler", "server_info")  # --dp-size N: summed, per rank in dp_ranks
         return JSONResponse({**ctx.server_args, **ctx.model_info, **resp.data, "version": _VERSION,
-                             "num_inflight_requests": len(tm.handles), "state": tm.state})
+                             "num_inflight_requests": len(tm.handles), "state": tm.state,
+                             "dp_routing": tm.dispatch.stats()})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -2,8 +2,9 @@
 
 Runs in the HTTP process (called by runtime/launch.py inside asyncio.run). The watch task turns a dead
 child or a silent scheduler (no heartbeat for watchdog_timeout) into an unhealthy server that fails
-in-flight requests and exits with code 1; SIGTERM/SIGINT start a drain (new requests get 503, in-flight
-ones finish, then exit 0; a second signal or the drain timeout aborts what is left).
+in-flight requests and exits with code 1 (with --dp-size N, any one of the N schedulers dead or silent
+is fatal: no rank is taken out while the others serve); SIGTERM/SIGINT start a drain (new requests get
+503, in-flight ones finish, then exit 0; a second signal or the drain timeout aborts what is left).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _announce(message: str) -> None:
 
 async def _wait_children_ready(tm: TokenizerManager, procs: dict[str, BaseProcess],
                                timeout: float) -> str | None:
-    """None when both children are ready, else why not."""
+    """None when every child is ready, else why not."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         dead = [name for name, p in procs.items() if not p.is_alive()]
@@ -70,14 +71,16 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, addrs:
 
     tokenizer = load_tokenizer(tokenizer_path)
     sc = engine_config.scheduler
-    tm = TokenizerManager(addrs, tokenizer, None, sc.max_running_requests + sc.max_queued_requests, ServerMetrics())
+    dp = server_config.dp_size
+    tm = TokenizerManager(addrs, tokenizer, None, dp * (sc.max_running_requests + sc.max_queued_requests),
+                          ServerMetrics(), dp, server_config.dp_load_balance)
     await tm.start()
     try:
         failure = await _wait_children_ready(tm, procs, server_config.startup_timeout)
         if failure:
             logger.error("start-up failed: %s", failure)
             return 1
-        info = tm.ready["scheduler"].info
+        info = tm.scheduler_info()
         tm.limits = InputLimits(info["vocab_size"], info["context_length"], info["max_total_num_tokens"],
                                 server_config.max_prompt_chars)
         ctx = AppContext(tm, server_config, info, tokenizer_path,
@@ -130,7 +133,7 @@ def _health_problem(tm: TokenizerManager, procs: dict[str, BaseProcess], watchdo
     if not tm.receiving:
         return "the tokenizer manager stopped receiving"
     if time.monotonic() - tm.last_heartbeat > watchdog_timeout:
-        return f"the scheduler sent no heartbeat for {watchdog_timeout:.0f}s (hung)"
+        return f"the {tm.silent_scheduler()} sent no heartbeat for {watchdog_timeout:.0f}s (hung)"
     return None
 
 

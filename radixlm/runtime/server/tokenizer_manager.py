@@ -3,7 +3,9 @@
 Runs in the HTTP process, on uvicorn's event loop. It validates and tokenizes requests (through
 runtime/generate_input.py, like the Engine), assigns child rids (n > 1), sends GenerateReq to the
 scheduler, and routes the detokenizer's StrOuts back to the waiting route handlers. It also tracks
-the children's health (ready handshake, heartbeats) and answers management calls.
+the children's health (ready handshake, heartbeats) and answers management calls. With `--dp-size N`
+there are N schedulers: each request goes to the rank DpDispatcher picks (dp_dispatch.py), management
+calls go to every rank and their answers are combined.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import zmq.asyncio
 from radixlm.runtime.generate_input import InputLimits, PreparedReq, prepare_generate
 from radixlm.runtime.messages import (AbortReq, BatchStrOut, ControlReq, ControlResp, GenerateReq, Heartbeat,
                                       ProcessReady, StrOut, encode)
+from radixlm.runtime.server.dp_dispatch import DpDispatcher, combine, scheduler_name
 from radixlm.runtime.server.errors import APIError
 from radixlm.runtime.server.metrics import ServerMetrics
 
@@ -48,18 +51,23 @@ class RequestHandle:
 
 
 class TokenizerManager:
-    def __init__(self, addrs: Any, tokenizer, limits: InputLimits, max_inflight: int, metrics: ServerMetrics):
+    def __init__(self, addrs: Any, tokenizer, limits: InputLimits, max_inflight: int, metrics: ServerMetrics,
+                 dp_size: int = 1, dp_load_balance: str = "cache_aware"):
         self.addrs = addrs
         self.tokenizer = tokenizer
         self.limits = limits
-        self.max_inflight = max_inflight  # children in the scheduler (running + queued) we admit
+        self.max_inflight = max_inflight  # children in the schedulers (running + queued) we admit
         self.metrics = metrics
         self.handles: dict[str, RequestHandle] = {}  # child rid -> its request
         self.client_rids: dict[str, list[str]] = {}  # rid as the client named it -> child rids
         self.ready: dict[str, ProcessReady] = {}
         self.state = "starting"  # starting | ok | draining | unhealthy
-        self.last_heartbeat = time.monotonic()
-        self.heartbeat: Heartbeat | None = None
+        self.dp_size = dp_size
+        self.dispatch = DpDispatcher(dp_size, dp_load_balance)
+        self.scheduler_names = [scheduler_name(r, dp_size) for r in range(dp_size)]
+        self.last_heartbeats = [time.monotonic()] * dp_size  # per rank
+        self.heartbeats: list[Heartbeat | None] = [None] * dp_size
+        self.heartbeat: Heartbeat | None = None  # summed over the ranks
         self._control: dict[str, asyncio.Future] = {}
         self._ready_event = asyncio.Event()
 
@@ -67,8 +75,11 @@ class TokenizerManager:
         self.ctx = zmq.asyncio.Context()
         self.recv = self.ctx.socket(zmq.PULL)
         self.recv.bind(self.addrs.tokenizer_in)
-        self.to_scheduler = self.ctx.socket(zmq.PUSH)
-        self.to_scheduler.connect(self.addrs.scheduler_in)
+        self.to_schedulers = []
+        for addr in self.addrs.scheduler_ins:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.connect(addr)
+            self.to_schedulers.append(sock)
         self.to_detokenizer = self.ctx.socket(zmq.PUSH)
         self.to_detokenizer.connect(self.addrs.detokenizer_in)
         self._recv_task = asyncio.create_task(self._recv_loop())
@@ -78,10 +89,25 @@ class TokenizerManager:
         """False once the receive loop has died: no response could ever arrive."""
         return not self._recv_task.done()
 
+    @property
+    def last_heartbeat(self) -> float:
+        """The stalest rank's last heartbeat: any silent rank makes the server hung."""
+        return min(self.last_heartbeats)
+
+    def silent_scheduler(self) -> str:
+        """The name of the rank whose heartbeat is the stalest (for the watchdog's message)."""
+        return self.scheduler_names[self.last_heartbeats.index(self.last_heartbeat)]
+
+    def scheduler_info(self) -> dict[str, Any]:
+        """Rank 0's ready info; the KV capacity is the smallest rank's (one request runs on one rank)."""
+        infos = [self.ready[name].info for name in self.scheduler_names]
+        return {**infos[0], "max_total_num_tokens": min(i["max_total_num_tokens"] for i in infos),
+                "dp_size": self.dp_size}
+
     async def close(self) -> None:
-        """Ask both children to exit (the server then waits briefly before killing them) and close."""
+        """Ask the children to exit (the server then waits briefly before killing them) and close."""
         self._recv_task.cancel()
-        for sock in (self.to_scheduler, self.to_detokenizer):
+        for sock in (*self.to_schedulers, self.to_detokenizer):
             try:
                 await asyncio.wait_for(sock.send(encode(ControlReq("", "shutdown"))), 1.0)
             except (asyncio.TimeoutError, zmq.ZMQError):
@@ -107,12 +133,23 @@ class TokenizerManager:
             if fut is not None and not fut.done():
                 fut.set_result(msg)
         elif isinstance(msg, Heartbeat):
-            self.last_heartbeat, self.heartbeat = time.monotonic(), msg
-            self.metrics.on_heartbeat(msg)
+            self._on_heartbeat(msg)
         else:
-            self.ready[msg.process] = msg
-            if {"scheduler", "detokenizer"} <= self.ready.keys():
+            name = scheduler_name(msg.dp_rank, self.dp_size) if msg.process == "scheduler" else msg.process
+            self.ready[name] = msg
+            if {*self.scheduler_names, "detokenizer"} <= self.ready.keys():
                 self._ready_event.set()
+
+    def _on_heartbeat(self, msg: Heartbeat) -> None:
+        self.last_heartbeats[msg.dp_rank] = time.monotonic()
+        self.heartbeats[msg.dp_rank] = msg
+        if self.dp_size == 1:
+            self.heartbeat = msg
+        else:  # gauges show the server's total; compile times are this heartbeat's own
+            beats = [b for b in self.heartbeats if b is not None]
+            self.heartbeat = Heartbeat(**{f: sum(getattr(b, f) for b in beats) for f in _SUMMED_HEARTBEAT_FIELDS},
+                                       grammar_compile_seconds=msg.grammar_compile_seconds)
+        self.metrics.on_heartbeat(self.heartbeat)
 
     def _route(self, out: StrOut) -> None:
         handle = self.handles.get(out.rid)
@@ -128,6 +165,7 @@ class TokenizerManager:
             handle.last_token_at[out.rid] = now
         if out.finished:
             self.handles.pop(out.rid, None)
+            self.dispatch.release(out.rid)
             handle.results[out.rid] = out.payload or {}
             self.metrics.on_finish(out.payload["meta_info"] if out.payload else {}, now - handle.start)
             if handle.finished:
@@ -147,22 +185,29 @@ class TokenizerManager:
         if len(self.handles) + num_children > self.max_inflight:
             raise APIError(503, "server overloaded: too many requests in flight", None, "queue_full")
 
-    def submit(self, prepared: list[PreparedReq], stream: bool, request_id: str = "") -> RequestHandle:
+    def submit(self, prepared: list[PreparedReq], stream: bool, request_id: str = "",
+               rank: int | None = None) -> RequestHandle:
+        """Send every prompt to its scheduler rank: `rank` if given (health probes), else the dispatcher's."""
         groups = [_child_rids(p) for p in prepared]
         rids = [rid for group in groups for rid in group]
         self.check_admission(len(rids))
         if len(set(rids)) != len(rids) or any(r in self.handles for r in rids):
             raise APIError(400, "a request with this rid is already running", "rid", "duplicate_rid")
         handle = RequestHandle(rids, stream)
-        # Joins the access log line (request_id) to scheduler-side logs and /abort_request (rids).
-        logger.info("request_id=%s rids=%s prompt_tokens=%s stream=%s", request_id, ",".join(rids),
-                    ",".join(str(len(p.msg.input_ids)) for p in prepared), stream)
+        ranks = []
         for p, group in zip(prepared, groups):
             for rid in group:
                 self.handles[rid] = handle
             self.client_rids[p.msg.rid] = group
             handle.client_rids.append(p.msg.rid)
-            self.to_scheduler.send(encode(GenerateReq(p.msg, group, p.return_text_in_logprobs)))
+            chosen = self.dispatch.choose(p.msg.namespace, p.msg.input_ids) if rank is None else rank
+            self.dispatch.assign(group, chosen)
+            ranks.append(str(chosen))
+            self.to_schedulers[chosen].send(encode(GenerateReq(p.msg, group, p.return_text_in_logprobs)))
+        # Joins the access log line (request_id) to scheduler-side logs and /abort_request (rids).
+        logger.info("request_id=%s rids=%s prompt_tokens=%s stream=%s%s", request_id, ",".join(rids),
+                    ",".join(str(len(p.msg.input_ids)) for p in prepared), stream,
+                    f" dp_ranks={','.join(ranks)}" if self.dp_size > 1 else "")
         return handle
 
     async def wait(self, handle: RequestHandle) -> list[dict[str, Any]]:
@@ -175,20 +220,26 @@ class TokenizerManager:
             out = await handle.queue.get()
             yield handle.index[out.rid], out
 
+    def _abort_child(self, rid: str) -> None:
+        rank = self.dispatch.rank_of(rid)
+        if rank is not None:  # None: already finished
+            self.to_schedulers[rank].send(encode(AbortReq(rid=rid)))
+
     def abort(self, handle: RequestHandle) -> None:
         for rid in handle.rids:
             if rid not in handle.results:
-                self.to_scheduler.send(encode(AbortReq(rid=rid)))
+                self._abort_child(rid)
 
     def abort_rid(self, rid: str) -> bool:
         """Exact match on the rid the client gave (all its children) or on one child rid."""
         children = self.client_rids.get(rid) or ([rid] if rid in self.handles else [])
         for child in children:
-            self.to_scheduler.send(encode(AbortReq(rid=child)))
+            self._abort_child(child)
         return bool(children)
 
     def abort_all(self) -> None:
-        self.to_scheduler.send(encode(AbortReq(abort_all=True)))
+        for sock in self.to_schedulers:
+            sock.send(encode(AbortReq(abort_all=True)))
 
     def fail_all(self, message: str) -> None:
         """The scheduler or detokenizer is gone: end every waiting request with an abort now."""
@@ -200,10 +251,25 @@ class TokenizerManager:
 
     # ---- management -------------------------------------------------------------------------------
     async def control(self, target: str, kind: str, timeout: float = 10.0) -> ControlResp:
+        """Ask the detokenizer, or every scheduler rank (answers combined: dp_dispatch.combine)."""
+        if target != "scheduler":
+            return await self._ask(self.to_detokenizer, target, kind, timeout)
+        return combine(list(await self.control_ranks(kind, timeout)))
+
+    async def control_ranks(self, kind: str, timeout: float = 10.0) -> tuple[ControlResp, ...]:
+        return await asyncio.gather(*(self._ask(sock, name, kind, timeout)
+                                      for sock, name in zip(self.to_schedulers, self.scheduler_names)))
+
+    async def flush_cache(self) -> ControlResp:
+        """Flush every rank; ranks that flushed forget their routing tree even if another rank was busy."""
+        resps = await self.control_ranks("flush_cache")
+        self.dispatch.forget([rank for rank, resp in enumerate(resps) if resp.ok])
+        return combine(list(resps))
+
+    async def _ask(self, sock: zmq.asyncio.Socket, target: str, kind: str, timeout: float) -> ControlResp:
         req_id = uuid.uuid4().hex
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._control[req_id] = fut
-        sock = self.to_scheduler if target == "scheduler" else self.to_detokenizer
         await sock.send(encode(ControlReq(req_id, kind)))
         try:
             return await asyncio.wait_for(fut, timeout)
@@ -213,8 +279,14 @@ class TokenizerManager:
 
     async def wait_ready(self, timeout: float) -> None:
         await asyncio.wait_for(self._ready_event.wait(), timeout)
-        self.last_heartbeat = time.monotonic()
+        self.last_heartbeats = [time.monotonic()] * self.dp_size
+        self.dispatch.set_capacity(self.scheduler_info()["max_total_num_tokens"])
         self.state = "ok"
+
+
+# Heartbeat fields summed over the ranks for the server-wide gauges.
+_SUMMED_HEARTBEAT_FIELDS = ("num_forward_steps", "num_running", "num_waiting", "num_free_tokens", "num_total_tokens",
+                            "num_cached_tokens", "num_evictable_tokens", "num_locked_tokens")
 
 
 def _child_rids(p: PreparedReq) -> list[str]:
