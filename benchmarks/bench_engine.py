@@ -5,6 +5,12 @@
 Workloads (issue "Engine core"): decode tok/s at batch 1; aggregate tok/s for 32 concurrent requests
 (128 prompt tokens, 64 new); prefill tok/s for a 1024-token prompt. HF's batch uses left padding, the
 way a user would batch with `generate`. Prints a table with ratios (radixlm / HF).
+
+One more row is what concurrent users really send: 32 requests with ragged prompts (32..224 tokens, mean
+128) and ragged output budgets (16..112 new tokens, mean 64). HF's batch pads every prompt to the longest
+and decodes every row for the largest budget; only the tokens each request asked for are counted.
+`--layouts` adds a column: radixlm with the loaded row-major weights (`weight_layout="row"`), to show
+what the measured CPU weight layout (runtime/model/weight_layout.py) buys.
 """
 
 from __future__ import annotations
@@ -45,6 +51,18 @@ def hf_batch_tps(model, tok, prompts: list[list[int]], new: int) -> float:
     return len(prompts) * new / (time.perf_counter() - t)
 
 
+def hf_ragged_tps(model, tok, prompts: list[list[int]], budgets: list[int]) -> float:
+    """One padded `generate` over all prompts, run to the largest budget; useful tokens per second."""
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    batch = tok.pad({"input_ids": prompts}, return_tensors="pt")
+    top = max(budgets)
+    t = time.perf_counter()
+    model.generate(**batch, max_new_tokens=top, min_new_tokens=top, do_sample=False, pad_token_id=tok.pad_token_id)
+    return sum(budgets) / (time.perf_counter() - t)
+
+
 def hf_prefill_tps(model, ids: list[int]) -> float:
     x = torch.tensor([ids])
     with torch.inference_mode():
@@ -71,6 +89,22 @@ def ours_batch_tps(engine: Engine, prompts: list[list[int]], new: int) -> float:
     return len(prompts) * new / (time.perf_counter() - t)
 
 
+def ours_ragged_tps(engine: Engine, prompts: list[list[int]], budgets: list[int]) -> float:
+    engine.flush_cache()
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in budgets]
+    t = time.perf_counter()
+    engine.generate(input_ids=prompts, sampling_params=params)
+    return sum(budgets) / (time.perf_counter() - t)
+
+
+def ragged_workload(tok, nreq: int, plen: int, new: int) -> tuple[list[list[int]], list[int]]:
+    """Prompt lengths uniform in [plen/4, 7 plen/4] and budgets in [new/4, 7 new/4] (means plen, new)."""
+    g = torch.Generator().manual_seed(7)
+    lens = torch.randint(plen // 4, 7 * plen // 4 + 1, (nreq,), generator=g).tolist()
+    budgets = torch.randint(new // 4, 7 * new // 4 + 1, (nreq,), generator=g).tolist()
+    return [make_prompt_ids(tok, n, 200 + i) for i, n in enumerate(lens)], budgets
+
+
 def ours_prefill_tps(engine: Engine, ids: list[int]) -> float:
     engine.flush_cache()
     engine.generate(input_ids=ids[:16], sampling_params={"max_new_tokens": 0})
@@ -85,30 +119,43 @@ def main() -> None:
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
+    ap.add_argument("--layouts", action="store_true", help="also run radixlm with row-major weights")
     args = ap.parse_args()
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     model_dir = resolve_model_path(args.model_path)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    engine = Engine(str(model_dir), num_threads=threads, max_total_tokens=32 * 200 + 2048,
-                    chunked_prefill_size=2048)
     new, nreq, plen, long_len = (16, 8, 64, 256) if args.quick else (64, 32, 128, 1024)
     one = make_prompt_ids(tok, 8, 0)
     batch = [make_prompt_ids(tok, plen, 1 + i) for i in range(nreq)]
+    ragged, budgets = ragged_workload(tok, nreq, plen, new)
     long_prompt = make_prompt_ids(tok, long_len, 99)
-    rows = [
-        (f"decode tok/s, batch 1 ({new} new)", ours_decode_tps(engine, one, new), hf_decode_tps(hf, one, new)),
-        (f"throughput tok/s, {nreq} reqs x {plen} prompt, {new} new", ours_batch_tps(engine, batch, new),
-         hf_batch_tps(hf, tok, batch, new)),
-        (f"prefill tok/s, {long_len}-token prompt", ours_prefill_tps(engine, long_prompt), hf_prefill_tps(hf, long_prompt)),
+    workloads = [
+        (f"decode tok/s, batch 1 ({new} new)", lambda e: ours_decode_tps(e, one, new),
+         lambda: hf_decode_tps(hf, one, new)),
+        (f"throughput tok/s, {nreq} reqs x {plen} prompt, {new} new", lambda e: ours_batch_tps(e, batch, new),
+         lambda: hf_batch_tps(hf, tok, batch, new)),
+        (f"throughput tok/s, {nreq} ragged reqs (mean {plen}/{new})", lambda e: ours_ragged_tps(e, ragged, budgets),
+         lambda: hf_ragged_tps(hf, tok, ragged, budgets)),
+        (f"prefill tok/s, {long_len}-token prompt", lambda e: ours_prefill_tps(e, long_prompt),
+         lambda: hf_prefill_tps(hf, long_prompt)),
     ]
-    engine.shutdown()
+    layouts = ("auto", "row") if args.layouts else ("auto",)
+    ours: dict[str, list[float]] = {}
+    for layout in layouts:
+        engine = Engine(str(model_dir), num_threads=threads, max_total_tokens=32 * 400 + 2048,
+                        chunked_prefill_size=2048, weight_layout=layout)
+        ours[layout] = [run(engine) for _, run, _ in workloads]
+        engine.shutdown()
+    ref = [run_hf() for _, _, run_hf in workloads]
     print(f"\nmodel {model_dir.name} fp32 | threads {threads} | torch {torch.__version__} | transformers "
           f"{transformers.__version__} | radixlm {radixlm.__version__} | {platform.processor() or platform.machine()}")
-    print(f"{'workload':<52}{'radixlm':>10}{'HF':>10}{'ratio':>8}")
-    for name, ours, ref in rows:
-        print(f"{name:<52}{ours:>10.1f}{ref:>10.1f}{ours / ref:>7.2f}x")
+    extra = f"{'row-major':>10}" if args.layouts else ""
+    print(f"{'workload':<52}{'radixlm':>10}{extra}{'HF':>10}{'ratio':>8}")
+    for i, (name, _, _) in enumerate(workloads):
+        row = f"{ours['row'][i]:>10.1f}" if args.layouts else ""
+        print(f"{name:<52}{ours['auto'][i]:>10.1f}{row}{ref[i]:>10.1f}{ours['auto'][i] / ref[i]:>7.2f}x")
 
 
 if __name__ == "__main__":

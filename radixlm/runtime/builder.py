@@ -49,6 +49,8 @@ def build_scheduler(config: EngineConfig) -> BuiltScheduler:
     kv = KVCacheManager(TokenAllocator(info.max_total_tokens, runner.device),
                         ReqToTokenTable(sc.max_running_requests, info.context_len + 1, runner.device),
                         config.cache.disable_radix_cache)
+    if runner.wants_cuda_graphs(mc):
+        runner.capture_decode_graphs(kv.table.table, mc.cuda_graph_max_bs or min(sc.max_running_requests, 128))
     eos = eos_token_ids(tokenizer, hf_config, model_dir)
     grammar = GrammarManager(tokenizer, info.vocab_size, config.grammar)
     outputs = OutputProcessor(tokenizer, info.vocab_size, eos, info.context_len, grammar, kv.truncate)

@@ -16,7 +16,7 @@ from torch import nn
 
 from radixlm.runtime.model.layers.attention import AttentionBackend, AttentionMetadata, KVPoolLike
 from radixlm.runtime.model.layers.norm import RMSNorm
-from radixlm.runtime.model.layers.rotary import RotaryEmbedding, apply_rotary
+from radixlm.runtime.model.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_one
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,16 @@ class Attention(nn.Module):
         d = self.d
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(-1, d.num_heads, d.head_dim)
-        k = k.reshape(-1, d.num_kv_heads, d.head_dim)
         v = v.reshape(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+            q = self.q_norm(q.reshape(-1, d.num_heads, d.head_dim))
+            k = self.k_norm(k.reshape(-1, d.num_kv_heads, d.head_dim))
+            q, k = apply_rotary(q, k, *rope)
+        else:
+            # q and k are adjacent in the fused output: rotate them as one [T, Hq + Hkv, D] tensor
+            # (half the elementwise kernels; decode at batch 1 is dominated by per-kernel overhead).
+            qk = qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim)
+            q, k = apply_rotary_one(qk, *rope).split([d.num_heads, d.num_kv_heads], dim=1)
         o = backend.forward(q, k, v.contiguous(), self.layer_id, kv_pool, meta)
         out = F.linear(o.reshape(-1, self.q_size), self.o_weight)
         return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj
@@ -99,7 +103,7 @@ class DecoderLayer(nn.Module):
         h = self.self_attn(h, rope, backend, kv_pool, meta)
         h, residual = self.post_attention_layernorm.forward_residual(h, residual)
         gate, up = F.linear(h, self.gate_up_weight).split(self.intermediate, dim=-1)
-        out = F.linear(F.silu(gate) * up, self.down_weight)
+        out = F.linear(F.silu(gate).mul_(up), self.down_weight)  # in place: one [T, I] buffer, not two
         return (out if self.tp is None else self.tp.all_reduce(out)), residual  # row-parallel down_proj
 
 
@@ -113,11 +117,20 @@ class CausalLM(nn.Module):
         self.lm_head = None if d.tie_embeddings else _param(d.vocab_size, d.hidden)
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions)
         self.tp = None  # parallel.TPContext when tensor-parallel: vocab-parallel embedding and LM head
+        # Column-major copy of the LM head for single-row logits on CPU (weight_layout.py), or None.
+        self.lm_head_single_row: torch.Tensor | None = None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                 kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices."""
+        if input_ids.device.type == "cpu":
+            # Squaring small activations in RMSNorm makes subnormal floats, which this CPU computes
+            # ~100x slower: they cost SmolLM2 ~10 ms per decode step. Flushing them to zero changes no
+            # result that fp32 can represent next to the other terms (parity with transformers is
+            # tested). The flag lives in the calling thread's FP control register, so set it here,
+            # in whichever thread runs the model (the engine runs it in a background thread).
+            torch.set_flush_denormal(True)
         if self.tp is None:
             x = F.embedding(input_ids, self.embed_tokens)
         else:
@@ -129,6 +142,8 @@ class CausalLM(nn.Module):
         h = x if residual is None else x + residual
         h = self.norm(h.index_select(0, logits_indices))
         head = self.embed_tokens if self.lm_head is None else self.lm_head
+        if h.shape[0] == 1 and self.lm_head_single_row is not None:
+            head = self.lm_head_single_row
         logits = F.linear(h, head)
         return logits.float() if self.tp is None else self.tp.gather_logits(logits)
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
+from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
+from radixlm.runtime.model.weight_layout import apply_weight_layout
 from radixlm.runtime.scheduler.batch import ForwardBatch
 from radixlm.runtime.scheduler.memory_pool import KVPool
 
@@ -81,6 +83,7 @@ class ModelRunner:
             model.load_weights(iter_weights(model_dir, torch.float32))
             for p in model.parameters():  # rotary cos/sin buffers stay fp32 (they are cast per use)
                 p.data = p.data.to(self.dtype)
+            apply_weight_layout(model, model_config.weight_layout, self.device, self.dtype)
         self.model = model
         self.dims = model.dims
         logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
@@ -93,6 +96,7 @@ class ModelRunner:
                               self.dtype, self.device)
         self.backend = self._attention_backend(model_config.attention_backend)
         self.sm_scale = d.head_dim ** -0.5
+        self.graphs: DecodeGraphRunner | None = None  # set by capture_decode_graphs (CUDA only)
         self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), torch.get_num_threads(),
                                self.context_len, self.max_total_tokens, d.vocab_size, str(model_dir),
                                (getattr(hf_config, "architectures", None) or ["?"])[0])
@@ -122,12 +126,30 @@ class ModelRunner:
             return TritonAttentionBackend()
         raise ValueError(f"attention_backend must be auto, torch or triton; got {name!r}")
 
+    def wants_cuda_graphs(self, model_config: ModelConfig) -> bool:
+        return (self.device.type == "cuda" and not model_config.disable_cuda_graph and self.tp is None
+                and not isinstance(self.backend, TorchAttentionBackend))  # Triton: capturable decode
+
+    def capture_decode_graphs(self, req_to_token: torch.Tensor, max_bs: int,
+                              graph_cls: type = CudaGraph) -> None:
+        """Capture the decode forward for batch sizes up to max_bs (needs the request-to-token table,
+        which the scheduler owns). With TP the worker ranks would need graphs too: not done yet."""
+        t0 = time.perf_counter()
+        self.graphs = DecodeGraphRunner(self._run_model, req_to_token, self.sm_scale, max_bs, self.device,
+                                        graph_cls)
+        logger.info("decode graphs captured in %.2fs", time.perf_counter() - t0)
+
+    def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, logits_indices: torch.Tensor
+                   ) -> torch.Tensor:
+        return self.model(input_ids, positions, self.backend, self.kv_pool, meta, logits_indices)
+
     def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the model on the batch's tokens; return fp32 logits [N, V] at logits_indices."""
+        if self.graphs is not None and self.graphs.can_run(batch.meta, batch.input_ids, logits_indices):
+            return self.graphs.replay(batch.input_ids, batch.positions, batch.meta)
         if self.tp is not None:  # the worker ranks run the same step on their shards
             self.tp.send_step(batch, logits_indices)
-        return self.model(batch.input_ids, batch.positions, self.backend, self.kv_pool, batch.meta,
-                          logits_indices.to(self.device))
+        return self._run_model(batch.input_ids, batch.positions, batch.meta, logits_indices.to(self.device))
 
     def close(self) -> None:
         """Stop the tensor-parallel worker ranks (nothing to do with tp_size == 1)."""

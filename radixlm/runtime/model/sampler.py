@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from radixlm.constrained.bitmask import GrammarMask, apply_grammar_mask
 from radixlm.runtime.model.logprobs import token_logprobs
 from radixlm.runtime.model.penalties import apply_processors
 from radixlm.sampling_params import SamplingParams
@@ -43,7 +44,9 @@ class SamplingRow:
     prompt_ids: list[int]  # for repetition_penalty (HF semantics over prompt + output)
     output_ids: list[int]  # tokens generated so far (frequency/presence penalties, min_new_tokens)
     generator: torch.Generator | None  # per-request RNG from params.sampling_seed; None = global RNG
-    allowed_mask: torch.Tensor | None = None  # bool [V]: grammar-allowed tokens (None = all allowed)
+    # bool [V]: allowed tokens (None = all allowed). The scheduler passes grammar masks to the Sampler as
+    # one batch GrammarMask instead (packed / id-list layouts, see constrained/bitmask.py).
+    allowed_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -183,12 +186,14 @@ class Sampler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.fallback_id = min(self.eos_token_ids) if self.eos_token_ids else 0
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
-        """logits [B, V] float32 (V >= vocab_size; extra columns are padding) -> one token per row."""
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMask | None = None
+                 ) -> SampleOutput:
+        """logits [B, V] float32 (V >= vocab_size; extra columns are padding) -> one token per row.
+        grammar: the batch's grammar masks (the scheduler's per-step layout), applied after the processors."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
         work = self._vocab_view(logits)
-        processed = apply_processors(work, rows, self.eos_token_ids)
+        processed = self._process(work, rows, grammar)
         if processed is None and all(row.params.is_greedy for row in rows):
             token_ids = work.argmax(dim=-1)  # fast path: one reduction, no [B, V] copy
         else:
@@ -196,12 +201,20 @@ class Sampler:
         logprobs = token_logprobs(logits, token_ids)
         return SampleOutput(token_ids=token_ids.tolist(), logprobs=logprobs.tolist())
 
-    def processed_logits(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def processed_logits(self, logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMask | None = None
+                         ) -> torch.Tensor:
         """[B, vocab_size] logits after bias, penalties, min_new_tokens and masks (before temperature):
         what greedy takes the argmax of. A view of `logits` when no row needs processing."""
         work = self._vocab_view(logits)
-        processed = apply_processors(work, rows, self.eos_token_ids)
+        processed = self._process(work, rows, grammar)
         return work if processed is None else processed
+
+    def _process(self, work: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMask | None
+                 ) -> torch.Tensor | None:
+        processed = apply_processors(work, rows, self.eos_token_ids)  # (bool allowed_masks last)
+        if grammar is not None:  # masking last, as apply_processors does: -inf stays -inf under them all
+            processed = apply_grammar_mask(work, processed, grammar)
+        return processed
 
     def _vocab_view(self, logits: torch.Tensor) -> torch.Tensor:
         work = logits[:, : min(self.vocab_size, logits.shape[-1])]  # view, no copy

@@ -92,7 +92,9 @@ class TorchAttentionBackend:
         kk = k_buf.index_select(0, flat).view(b, L, *k_buf.shape[1:]).transpose(1, 2)  # [b, Hkv, L, D]
         vv = v_buf.index_select(0, flat).view(b, L, *v_buf.shape[1:]).transpose(1, 2)
         qq = q.unsqueeze(2)  # [b, Hq, 1, D]
-        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
+        # No padding (always so at batch 1): SDPA without a mask takes its faster kernel.
+        unpadded = meta.plan_cache["decode_unpadded"]
+        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=None if unpadded else mask, scale=meta.sm_scale,
                                            enable_gqa=kk.shape[1] != qq.shape[1])
         return o.squeeze(2)
 
@@ -110,6 +112,7 @@ class TorchAttentionBackend:
             valid = torch.arange(max_len, device=dev)[None, :] < lens[:, None]
             # Padding reads the scratch slot 0 (kept finite), masked out of the softmax.
             plan = meta.plan_cache["decode"] = (slots.masked_fill(~valid, 0), valid[:, None, None, :])
+            meta.plan_cache["decode_unpadded"] = min(seq_lens) == max_len
         return plan
 
     def _extend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
