@@ -124,13 +124,6 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                 kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
         """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices."""
-        if input_ids.device.type == "cpu":
-            # Squaring small activations in RMSNorm makes subnormal floats, which this CPU computes
-            # ~100x slower: they cost SmolLM2 ~10 ms per decode step. Flushing them to zero changes no
-            # result that fp32 can represent next to the other terms (parity with transformers is
-            # tested). The flag lives in the calling thread's FP control register, so set it here,
-            # in whichever thread runs the model (the engine runs it in a background thread).
-            torch.set_flush_denormal(True)
         if self.tp is None:
             x = F.embedding(input_ids, self.embed_tokens)
         else:
