@@ -3,14 +3,23 @@
 # Uses only what that machine has (python3 with torch, triton, transformers; pytest if present):
 #   1. tests/kernels natively on CUDA (the same tests CI runs under TRITON_INTERPRET=1), if pytest exists;
 #   2. benchmarks/bench_kernels.py: every kernel vs its reference at realistic shapes, decode-attention
-#      bandwidth vs a measured device-to-device copy, and a table printed last.
-# Exit status: non-zero if a kernel test or a reference check failed.
-# TODO(issue 7 item 4): end-to-end tok/s vs HF generate and CUDA graphs vs eager, once the GPU runner exists.
+#      bandwidth vs a measured device-to-device copy, and its table;
+#   3. benchmarks/bench_gpu_e2e.py --quick: the Engine in bf16 on SmolLM2 (random weights when it is not
+#      cached) and a random 1B Llama: CUDA graphs vs eager at batch 1, batch-64 throughput and batch-1
+#      decode vs HF generate; its table is printed last.
+# Each part has its own timeout (280 s together, plus start-up); the end-to-end script stops measuring
+# after --budget seconds so that its table still prints. The Engine needs msgspec, which that machine
+# lacks: carry its wheel in .whl/ (docs/engine.md, "GPU path"); wheels found there are installed first.
+# Exit status: non-zero if a kernel test, a reference check or the end-to-end run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (no package index there)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/radixlm-site \
+        .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/radixlm-site"
+fi
 
 "$PY" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA device'; \
 print('gpu:', torch.cuda.get_device_name(), '| torch', torch.__version__, '| triton', triton.__version__)" || exit 2
@@ -18,9 +27,10 @@ print('gpu:', torch.cuda.get_device_name(), '| torch', torch.__version__, '| tri
 status=0
 if "$PY" -c "import pytest" 2>/dev/null; then
     # -c /dev/null: no project ini (it asks for plugins the machine may lack); rootdir stays the repo
-    timeout 110 "$PY" -m pytest -q -p no:cacheprovider -c /dev/null --rootdir "$PWD" tests/kernels || status=1
+    timeout 75 "$PY" -m pytest -q -p no:cacheprovider -c /dev/null --rootdir "$PWD" tests/kernels || status=1
 else
     echo "pytest missing: skipping tests/kernels"
 fi
-timeout 170 "$PY" benchmarks/bench_kernels.py "$@" || status=1
+timeout 85 "$PY" benchmarks/bench_kernels.py "$@" || status=1
+timeout 120 "$PY" benchmarks/bench_gpu_e2e.py --quick --budget 100 || status=1
 exit $status

@@ -32,6 +32,8 @@ def default_buckets(max_bs: int) -> list[int]:
 
 
 class GraphLike(Protocol):
+    pool: object  # memory pool handle after capture, passed to the next graph of the same runner
+
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Record fn (run on the static buffers); return the static output it writes."""
         ...
@@ -41,12 +43,15 @@ class GraphLike(Protocol):
 
 
 class CudaGraph:
-    """torch.cuda.CUDAGraph sharing one memory pool across buckets (captured largest first)."""
+    """torch.cuda.CUDAGraph; the graphs of one runner share one memory pool (captured largest first).
 
-    pool = None
+    The pool is per runner, never global: graphs sharing a pool may overwrite each other's intermediates
+    and outputs, which is safe only when they are replayed one at a time and each output is consumed
+    before the next replay, as one scheduler does (two engines in one process would not)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: object = None) -> None:
         self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         stream = torch.cuda.Stream()
@@ -55,9 +60,9 @@ class CudaGraph:
             for _ in range(2):  # warm-up: Triton compiles and the allocator settles outside capture
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(self.graph, pool=CudaGraph.pool):
+        with torch.cuda.graph(self.graph, pool=self.pool):
             out = fn()
-        CudaGraph.pool = self.graph.pool()
+        self.pool = self.graph.pool()
         return out
 
     def replay(self) -> None:
@@ -66,6 +71,9 @@ class CudaGraph:
 
 class EagerGraph:
     """Replays by calling the function again on the static buffers: the same data path, no capture."""
+
+    def __init__(self, pool: object = None) -> None:
+        self.pool = pool
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         self.fn = fn
@@ -79,12 +87,18 @@ class EagerGraph:
 
 @dataclass
 class _Static:
+    inputs: torch.Tensor  # int64 [5, max_bs]: the rows below, filled by one copy per replay
     input_ids: torch.Tensor
     positions: torch.Tensor
     req_pool_indices: torch.Tensor
     seq_lens: torch.Tensor
     out_cache_loc: torch.Tensor
     logits_indices: torch.Tensor
+
+    @classmethod
+    def zeros(cls, max_bs: int, device: torch.device) -> "_Static":
+        inputs = torch.zeros(5, max_bs, dtype=torch.int64, device=device)
+        return cls(inputs, *inputs.unbind(0), torch.arange(max_bs, device=device))
 
 
 class DecodeGraphRunner:
@@ -93,17 +107,18 @@ class DecodeGraphRunner:
         """forward(input_ids, positions, meta, logits_indices) -> logits: the model with its backend and pool."""
         self.buckets = default_buckets(max_bs)
         self.max_bs = max_bs
-        z = lambda: torch.zeros(max_bs, dtype=torch.int64, device=device)  # noqa: E731
-        self.static = _Static(z(), z(), z(), z(), z(), torch.arange(max_bs, device=device))
+        self.static = _Static.zeros(max_bs, device)
         self.graphs: dict[int, GraphLike] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        pool = None
         for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory pool
-            graph = graph_cls()
+            graph = graph_cls(pool)
             meta = self._meta(bs, req_to_token, sm_scale)
             s = self.static
             self.outputs[bs] = graph.capture(lambda bs=bs, meta=meta: forward(
                 s.input_ids[:bs], s.positions[:bs], meta, s.logits_indices[:bs]))
             self.graphs[bs] = graph
+            pool = graph.pool
         logger.info("captured decode graphs for batch sizes %s", self.buckets)
 
     def _meta(self, bs: int, req_to_token: torch.Tensor, sm_scale: float) -> AttentionMetadata:
@@ -118,22 +133,21 @@ class DecodeGraphRunner:
             extend_start_loc_list=list(range(bs)))
 
     def can_run(self, meta: AttentionMetadata, input_ids: torch.Tensor, logits_indices: torch.Tensor) -> bool:
-        """A pure decode step of at most max_bs requests whose logits are exactly its rows, in order."""
+        """A pure decode step of at most max_bs requests whose logits are exactly its rows, in order.
+        The indices are checked only as a host tensor (the scheduler's plan): reading a device tensor here
+        would synchronise every step."""
         n = int(input_ids.numel())
         return (meta.is_decode and 0 < n <= self.max_bs and logits_indices.numel() == n
-                and bool(torch.equal(logits_indices.cpu(), torch.arange(n))))
+                and logits_indices.device.type == "cpu" and bool(torch.equal(logits_indices, torch.arange(n))))
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         n = int(input_ids.numel())
         bs = next(b for b in self.buckets if b >= n)
         s = self.static
-        s.input_ids[:n].copy_(input_ids)
-        s.positions[:n].copy_(positions)
-        s.req_pool_indices[:n].copy_(meta.req_pool_indices)
-        s.seq_lens[:n].copy_(meta.seq_lens)
-        s.out_cache_loc[:n].copy_(meta.out_cache_loc)
+        # One stack and one copy instead of five copies (launch overhead is what graphs are here to cut).
+        s.inputs[:, :n].copy_(torch.stack([input_ids, positions, meta.req_pool_indices, meta.seq_lens,
+                                           meta.out_cache_loc]))
         if bs > n:  # padding rows: no KV to read, K/V written to the scratch slot 0
-            for t in (s.input_ids, s.positions, s.req_pool_indices, s.seq_lens, s.out_cache_loc):
-                t[n:bs].zero_()
+            s.inputs[:, n:bs].zero_()
         self.graphs[bs].replay()
         return self.outputs[bs][:n]

@@ -14,6 +14,7 @@ import torch
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
+from radixlm.runtime.model.host_copy import to_device
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
 from radixlm.runtime.model.weight_layout import apply_weight_layout
@@ -149,7 +150,7 @@ class ModelRunner:
             return self.graphs.replay(batch.input_ids, batch.positions, batch.meta)
         if self.tp is not None:  # the worker ranks run the same step on their shards
             self.tp.send_step(batch, logits_indices)
-        return self._run_model(batch.input_ids, batch.positions, batch.meta, logits_indices.to(self.device))
+        return self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device))
 
     def close(self) -> None:
         """Stop the tensor-parallel worker ranks (nothing to do with tp_size == 1)."""

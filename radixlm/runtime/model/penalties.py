@@ -5,6 +5,9 @@ processor) and runs, in this order, logit_bias -> repetition penalty -> frequenc
 min_new_tokens blocking -> grammar allowed-mask. Each processor edits `logits` [B, W] in place, touching
 only the batch rows listed in `row_ids`, in one batched torch call (no per-row loop over the vocabulary).
 
+Index and value tensors are built on the host and reach the device through model/host_copy.py (no
+host sync on CUDA); counting tokens (torch.unique) also runs on the host, where the ids already are.
+
 Semantics:
   * logit_bias: logits[t] += bias[t] (OpenAI).
   * repetition penalty (HF `RepetitionPenaltyLogitsProcessor`, over prompt + output tokens, each token
@@ -17,6 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
+from radixlm.runtime.model.host_copy import to_device
 
 if TYPE_CHECKING:  # sampler.py imports this module; the row type is only needed for hints
     from radixlm.runtime.model.sampler import SamplingRow
@@ -59,21 +64,27 @@ def apply_processors(logits: torch.Tensor, rows: list[SamplingRow], eos_token_id
     return logits
 
 
-def _flatten(row_ids: list[int], token_lists: list[list[int]], device: torch.device
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(batch row per token, token id per token, position in row_ids per token), all int64 on device."""
+def _flatten_host(row_ids: list[int], token_lists: list[list[int]]) -> torch.Tensor:
+    """int64 [3, N] on the host: batch row, token id and position in row_ids, per listed token."""
     lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.long)
     flat_ids = torch.tensor([t for tokens in token_lists for t in tokens], dtype=torch.long)
     positions = torch.repeat_interleave(torch.arange(len(row_ids)), lengths)
     batch_rows = torch.tensor(row_ids, dtype=torch.long)[positions]
-    return batch_rows.to(device), flat_ids.to(device), positions.to(device)
+    return torch.stack([batch_rows, flat_ids, positions])
+
+
+def _flatten(row_ids: list[int], token_lists: list[list[int]], device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(batch row per token, token id per token, position in row_ids per token), all int64 on device."""
+    batch_rows, flat_ids, positions = to_device(_flatten_host(row_ids, token_lists), device).unbind(0)
+    return batch_rows, flat_ids, positions
 
 
 def apply_logit_bias(logits: torch.Tensor, row_ids: list[int], biases: list[dict[int, float]]) -> None:
     """logits[row, token] += bias for every (token, bias) in each row's dict."""
     token_lists = [list(b.keys()) for b in biases]
     batch_rows, token_ids, _ = _flatten(row_ids, token_lists, logits.device)
-    values = torch.tensor([v for b in biases for v in b.values()], dtype=logits.dtype, device=logits.device)
+    values = to_device(torch.tensor([v for b in biases for v in b.values()], dtype=logits.dtype), logits.device)
     logits.index_put_((batch_rows, token_ids), values, accumulate=True)
 
 
@@ -85,7 +96,7 @@ def apply_repetition_penalty(logits: torch.Tensor, row_ids: list[int], token_lis
     same result twice, so it is penalised once, as in HF.
     """
     batch_rows, token_ids, positions = _flatten(row_ids, token_lists, logits.device)
-    penalty = torch.tensor(penalties, dtype=logits.dtype, device=logits.device)[positions]
+    penalty = to_device(torch.tensor(penalties, dtype=logits.dtype), logits.device)[positions]
     scores = logits[batch_rows, token_ids]
     logits[batch_rows, token_ids] = torch.where(scores < 0, scores * penalty, scores / penalty)
 
@@ -98,22 +109,25 @@ def apply_frequency_presence(logits: torch.Tensor, row_ids: list[int], output_li
     output tokens, not with B x V.
     """
     width = logits.shape[-1]
-    batch_rows, token_ids, _ = _flatten(row_ids, output_lists, logits.device)
+    batch_rows, token_ids, _ = _flatten_host(row_ids, output_lists)
+    # On the host: torch.unique on a device tensor would sync (its output size is data-dependent).
     keys, counts = torch.unique(batch_rows * width + token_ids, return_counts=True)
     rows, tokens = keys // width, keys % width
-    freq = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
+    freq = torch.zeros(logits.shape[0], dtype=logits.dtype)
     pres = torch.zeros_like(freq)
-    index = torch.tensor(row_ids, dtype=torch.long, device=logits.device)
-    freq[index] = torch.tensor(frequency, dtype=logits.dtype, device=logits.device)
-    pres[index] = torch.tensor(presence, dtype=logits.dtype, device=logits.device)
+    index = torch.tensor(row_ids, dtype=torch.long)
+    freq[index] = torch.tensor(frequency, dtype=logits.dtype)
+    pres[index] = torch.tensor(presence, dtype=logits.dtype)
     delta = counts.to(logits.dtype) * freq[rows] + pres[rows]  # count > 0 for every key
-    logits.index_put_((rows, tokens), -delta, accumulate=True)
+    rows, tokens = to_device(torch.stack([rows, tokens]), logits.device).unbind(0)
+    logits.index_put_((rows, tokens), to_device(-delta, logits.device), accumulate=True)
 
 
 def block_tokens(logits: torch.Tensor, row_ids: list[int], token_lists: list[list[int]]) -> None:
     """logits[row, token] = -inf (min_new_tokens: eos and stop_token_ids may not be sampled yet)."""
     batch_rows, token_ids, _ = _flatten(row_ids, token_lists, logits.device)
-    logits.index_put_((batch_rows, token_ids), torch.tensor(_NEG_INF, dtype=logits.dtype, device=logits.device))
+    # torch.full, not torch.tensor(..., device=): a fill kernel, not a host-to-device copy
+    logits.index_put_((batch_rows, token_ids), torch.full((), _NEG_INF, dtype=logits.dtype, device=logits.device))
 
 
 def apply_allowed_masks(logits: torch.Tensor, row_ids: list[int], masks: list[torch.Tensor]) -> None:

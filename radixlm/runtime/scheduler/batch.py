@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.model.host_copy import to_device
 from radixlm.runtime.model.layers.attention import AttentionMetadata
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable
 from radixlm.runtime.scheduler.request import Req
@@ -48,24 +49,31 @@ def build_forward_batch(rows: list[PlannedRow], table: ReqToTokenTable, sm_scale
                         device: torch.device) -> ForwardBatch:
     ids: list[int] = []
     positions: list[int] = []
+    token_rows: list[int] = []  # request-table row of each new token
     starts: list[int] = []
     for row in rows:
         starts.append(len(ids))
         ids.extend(row.req.full_ids()[row.start : row.end])
         positions.extend(range(row.start, row.end))
-    req_rows = torch.tensor([r.req.row for r in rows], dtype=torch.int64)
-    out_cache_loc = torch.cat([table.table[r.req.row, r.start : r.end] for r in rows])
+        token_rows.extend([row.req.row] * row.num_new)
     seq_lens = [r.end for r in rows]
     prefix_lens = [r.start for r in rows]
     extend_lens = [r.num_new for r in rows]
+    # Every per-step integer goes to the device in ONE copy, queued without a host sync on CUDA
+    # (model/host_copy.py): seven `torch.tensor(..., device=cuda)` calls were seven host syncs per step.
+    parts = [ids, positions, token_rows, [r.req.row for r in rows], seq_lens, prefix_lens, extend_lens, starts]
+    packed = to_device(torch.tensor([x for part in parts for x in part], dtype=torch.int64), device)
+    (ids_t, positions_t, token_rows_t, req_rows_t, seq_lens_t, prefix_lens_t, extend_lens_t,
+     starts_t) = packed.split([len(part) for part in parts])
     meta = AttentionMetadata(
         req_to_token=table.table,
-        req_pool_indices=req_rows.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
-        prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64, device=device),
-        extend_lens=torch.tensor(extend_lens, dtype=torch.int64, device=device),
-        extend_start_loc=torch.tensor(starts, dtype=torch.int64, device=device),
-        out_cache_loc=out_cache_loc.to(device),
+        req_pool_indices=req_rows_t,
+        seq_lens=seq_lens_t,
+        prefix_lens=prefix_lens_t,
+        extend_lens=extend_lens_t,
+        extend_start_loc=starts_t,
+        # the new tokens' slots, gathered on the device in one op (not one slice per request)
+        out_cache_loc=table.table[token_rows_t, positions_t],
         is_decode=all(n == 1 and p > 0 for n, p in zip(extend_lens, prefix_lens)),
         sm_scale=sm_scale,
         seq_lens_list=seq_lens,
@@ -73,5 +81,4 @@ def build_forward_batch(rows: list[PlannedRow], table: ReqToTokenTable, sm_scale
         extend_lens_list=extend_lens,
         extend_start_loc_list=starts,
     )
-    return ForwardBatch(rows, torch.tensor(ids, dtype=torch.int64, device=device),
-                        torch.tensor(positions, dtype=torch.int64, device=device), meta)
+    return ForwardBatch(rows, ids_t, positions_t, meta)
