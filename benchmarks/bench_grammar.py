@@ -4,6 +4,21 @@ Runs standalone in one process (compile workers are not used: this measures the 
 Decoding is simulated with the tokenizer: each step samples a random allowed token (random logits
 under the grammar mask), steering to the nearest accepting state after --soft-len tokens.
 
+Mask time per token = what the scheduler adds per request and step because of the grammar, on one
+[1, V] float32 logits row (the sampler's vocab view; its processor scan runs with or without masks):
+  old:    bool [V] allocated + matcher.fill_allowed_mask (GrammarManager before), then what the sampler's
+          apply_processors did for that mask: copy the logits + apply_allowed_masks;
+  new:    MaskBuilder.build (what GrammarManager.masks runs) + apply_grammar_mask (what the sampler
+          runs), on the CPU with the backend's CpuMask layouts where it has them, else the bitmask;
+  packed: the same, forced to the packed bitmask (the CUDA layout) and unpacked on the CPU.
+The paths take turns, one per step, so each runs after the walk's own work and none after another
+path's. In the first (cold) round every step also computes all three, untimed, and compares them;
+only the second, warm round is timed. "new fill" turns time MaskBuilder.build alone (comparable
+with the "bool fill" columns: fill_allowed_mask alone, timed by the walk at every step). "x16" turns
+time a batch of 16 requests (this step's matcher
+plus copies of the 15 previous steps' matchers: 16 different states, as a decode batch of concurrent
+requests has) and report the batch time / 16, i.e. per request.
+
     python benchmarks/bench_grammar.py                 # SmolLM2 tokenizer (cached), whole corpus
     python benchmarks/bench_grammar.py --tokenizer tiny --seeds 2 --backends outlines,xgrammar
 "valid specs" counts corpus specs whose every simulated output finished and validated; specs with
@@ -20,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,11 +85,103 @@ def _walk(grammar, tokenizer, vocab_size: int, kind: str, name: str, **kw):
         return None, "invalid"
 
 
+class MaskTimer:
+    """Times the old, new and packed per-token mask paths (see the module docstring) on a matcher."""
+
+    PATHS = ("old", "new", "packed", "old x16", "new x16", "new fill")
+    BATCH = 16
+
+    def __init__(self, vocab_size: int, eos: int):
+        import torch
+
+        from radixlm.constrained.bitmask import MaskBuilder
+        from radixlm.runtime.model.sampler import Sampler
+
+        self.vocab_size = vocab_size
+        self.cpu = torch.device("cpu")
+        logits = torch.randn(1, vocab_size + 7, generator=torch.Generator().manual_seed(0))
+        self.work = Sampler(vocab_size, frozenset({eos}))._vocab_view(logits)  # the view the sampler masks
+        batch_logits = torch.randn(self.BATCH, vocab_size + 7, generator=torch.Generator().manual_seed(1))
+        self.work_batch = batch_logits[:, :vocab_size]
+        self.pool: deque = deque(maxlen=self.BATCH - 1)  # copies of recent matchers (other states)
+        self.builder = MaskBuilder()
+        self.seconds: dict[str, list[float]] = {p: [] for p in self.PATHS}
+        self.record = False
+        self.check = False
+        self._turn = 0
+
+    def __call__(self, matcher) -> None:
+        import torch
+
+        if self.check:
+            old, new, packed = self._old(matcher), self._new(matcher).clone(), self._packed(matcher)
+            if not (torch.equal(old, new) and torch.equal(old, packed)):
+                raise RuntimeError("the mask paths disagree")  # not an AssertionError: _walk must not hide it
+        self._turn += 1
+        path = self.PATHS[self._turn % len(self.PATHS)]
+        batch = path.endswith("x16")
+        if batch and len(self.pool) < self.BATCH - 1:
+            path, batch = self.PATHS[self._turn % 3], False
+        run = getattr(self, "_" + path.replace(" x16", "_batch").replace(" ", "_"))
+        t0 = time.perf_counter()
+        run([matcher, *self.pool] if batch else matcher)
+        elapsed = time.perf_counter() - t0
+        if self.record:
+            self.seconds[path].append(elapsed / (self.BATCH if batch else 1))
+        self.pool.append(matcher.copy())
+
+    def _new_fill(self, matcher):
+        return self.builder.build([matcher], self.vocab_size, self.cpu)
+
+    def _old_batch(self, matchers):
+        import torch
+
+        from radixlm.runtime.model.penalties import apply_allowed_masks
+
+        masks = []
+        for matcher in matchers:
+            mask = torch.empty(self.vocab_size, dtype=torch.bool)
+            matcher.fill_allowed_mask(mask)
+            masks.append(mask)
+        out = self.work_batch.clone()
+        apply_allowed_masks(out, list(range(len(matchers))), masks)
+        return out
+
+    def _new_batch(self, matchers):
+        from radixlm.constrained.bitmask import apply_grammar_mask
+
+        return apply_grammar_mask(self.work_batch, None, self.builder.build(matchers, self.vocab_size, self.cpu))
+
+    def _old(self, matcher):
+        import torch
+
+        from radixlm.runtime.model.penalties import apply_allowed_masks
+
+        mask = torch.empty(self.vocab_size, dtype=torch.bool)
+        matcher.fill_allowed_mask(mask)
+        out = self.work.clone()
+        apply_allowed_masks(out, [0], [mask])
+        return out
+
+    def _new(self, matcher):
+        from radixlm.constrained.bitmask import apply_grammar_mask
+
+        return apply_grammar_mask(self.work, None, self.builder.build([matcher], self.vocab_size, self.cpu))
+
+    def _packed(self, matcher):
+        from radixlm.constrained.bitmask import apply_grammar_mask
+
+        masks = self.builder.build([matcher], self.vocab_size, self.cpu, cpu_layouts=False)
+        return apply_grammar_mask(self.work, None, masks)
+
+
 def run(tokenizer, backend_name: str, style: str, seeds: int, soft_len: int) -> dict:
     from radixlm.constrained import GrammarError, GrammarOptions, make_backend
 
     vocab_size = len(tokenizer)
     backend = make_backend(backend_name, tokenizer, vocab_size, GrammarOptions(compact=style == "compact"))
+    timer = MaskTimer(vocab_size, tokenizer.eos_token_id)
+    tables = {"states": 0, "rows": 0, "bytes": 0}
     compile_s, mask_s, cold_s, failures = [], [], [], []
     invalid: set[str] = set()
     unfinished: set[str] = set()
@@ -93,10 +201,12 @@ def run(tokenizer, backend_name: str, style: str, seeds: int, soft_len: int) -> 
         # Two identical rounds: the first visits states cold (mask rows built on first use), the
         # second is the steady state of a grammar many requests share.
         for warm in (False, True):
+            timer.record, timer.check = warm, not warm
             for seed in range(seeds):
                 for jump in (True, False):
                     walk, status = _walk(grammar, tokenizer, vocab_size, kind, name, seed=seed,
-                                         jump_forward=jump, soft_len=soft_len, time_masks=True)
+                                         jump_forward=jump, soft_len=soft_len, time_masks=True,
+                                         on_step=timer)
                     {"invalid": invalid, "unfinished": unfinished}.get(status, set()).add(name)
                     if walk is None:
                         continue
@@ -105,10 +215,17 @@ def run(tokenizer, backend_name: str, style: str, seeds: int, soft_len: int) -> 
                         steps[jump] += walk.num_steps
                         tokens[jump] += len(walk.token_ids)
                         jump_tokens += walk.num_jump_tokens if jump else 0
+        fsm = getattr(grammar, "fsm", None)  # outlines: the per-step mask table of this grammar
+        if fsm is not None:
+            for key, value in fsm.mask_table_stats().items():
+                tables[key] += value
+            tables["max_rows"] = max(tables.get("max_rows", 0), fsm.mask_table_stats()["rows"])
+            tables["max_bytes"] = max(tables.get("max_bytes", 0), fsm.mask_table_stats()["bytes"])
     num_valid = len(_specs()) - len(failures) - len(invalid | unfinished)
     return {"backend": backend_name, "style": style, "valid": f"{num_valid}/{len(_specs())}",
             "invalid": sorted(invalid), "unfinished": sorted(unfinished - invalid), "compile_s": compile_s, "mask_s": mask_s, "cold_s": cold_s, "steps": steps,
-            "tokens": tokens, "jump_tokens": jump_tokens, "failures": failures, "slowest": sorted(slowest)[-3:]}
+            "tokens": tokens, "jump_tokens": jump_tokens, "failures": failures, "slowest": sorted(slowest)[-3:],
+            "paths": timer.seconds, "tables": tables}
 
 
 def _print(results: list[dict], tokenizer_name: str, vocab_size: int) -> None:
@@ -128,8 +245,8 @@ def _print(results: list[dict], tokenizer_name: str, vocab_size: int) -> None:
         xgr = "not installed"
     print(f"outlines-core {version} | xgrammar {xgr} | torch {torch.__version__} | threads {torch.get_num_threads()} "
           f"| tokenizer {tokenizer_name} ({vocab_size} tokens) | {len(_specs())} specs")
-    head = ("backend", "whitespace", "valid specs", "compile p50 ms", "compile p90 ms", "mask p50 us", "mask p90 us", "mask p99 us",
-            "cold mask p50/p99 us", "steps JF on/off", "fewer steps", "JF token share")
+    head = ("backend", "whitespace", "valid specs", "compile p50 ms", "compile p90 ms", "bool fill p50 us",
+            "bool fill p90 us", "bool fill p99 us", "cold bool fill p50/p99 us", "steps JF on/off", "fewer steps", "JF token share")
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
     for r in results:
@@ -140,6 +257,30 @@ def _print(results: list[dict], tokenizer_name: str, vocab_size: int) -> None:
         share = r["jump_tokens"] / max(1, r["tokens"][True])
         print(f"{r['backend']} | {r['style']} | {r['valid']} | {_pct(c, .5):.1f} | {_pct(c, .9):.1f} | {_pct(m, .5):.1f} | {_pct(m, .9):.1f} | "
               f"{_pct(m, .99):.1f} | {_pct(cold, .5):.0f}/{_pct(cold, .99):.0f} | {on}/{off} | {1 - on / max(1, off):.0%} | {share:.0%}")
+    print()
+    print("per-token mask time (fill + apply as the scheduler and sampler do it, per request, warm), us:")
+    head = ("backend", "whitespace", "batch", "samples", "old p50/p90/p99", "new p50/p90/p99",
+            "packed p50/p90/p99", "old/new p50", "old/new p90", "old/new p99")
+    print(" | ".join(head))
+    print(" | ".join("---" for _ in head))
+    for r in results:
+        q = {p: [_pct([x * 1e6 for x in r["paths"][p]], f) for f in (.5, .9, .99)] for p in r["paths"]}
+        for tag, suffix in (("1", ""), ("16", " x16")):
+            cells = ["/".join(f"{v:.1f}" for v in q[p + suffix]) if p + suffix in q else "-"
+                     for p in ("old", "new", "packed")]
+            ratios = [f"{q['old' + suffix][k] / q['new' + suffix][k]:.1f}x" for k in range(3)]
+            print(f"{r['backend']} | {r['style']} | {tag} | {len(r['paths']['new' + suffix])} | "
+                  + " | ".join(cells + ratios))
+    for r in results:
+        fill = [x * 1e6 for x in r["paths"]["new fill"]]
+        print(f"fill alone ({r['backend']}/{r['style']}): new MaskBuilder.build p50/p90/p99 "
+              + "/".join(f"{_pct(fill, f):.1f}" for f in (.5, .9, .99)) + " us (old: the bool fill columns above)")
+    for r in results:
+        t = r["tables"]
+        if t["states"]:
+            print(f"mask tables ({r['backend']}/{r['style']}): {t['states']} states -> {t['rows']} distinct masks "
+                  f"over the corpus, {t['bytes'] / 2**20:.1f} MiB (packed words + additive rows); "
+                  f"largest grammar: {t['max_rows']} masks, {t['max_bytes'] / 2**20:.2f} MiB")
     for r in results:
         tag = f"{r['backend']}/{r['style']}"
         print(f"slowest compiles ({tag}): " + ", ".join(f"{n} {t * 1e3:.0f} ms" for t, n in r["slowest"]))

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is only needed by matchers; workers never import it
     import torch
 
+    from radixlm.constrained.bitmask import CpuMask
+
 GRAMMAR_KINDS = ("regex", "json_schema", "choices", "json_object")
 
 
@@ -53,6 +55,23 @@ class GrammarMatcher(ABC):
     def fill_allowed_mask(self, mask: "torch.Tensor") -> None:
         """Write the allowed tokens into mask (bool [V_model], True = allowed), overwriting every entry.
         Ids the tokenizer does not have (model padding) are never allowed; EOS only in accepting states."""
+
+    def fill_bitmask(self, words: "torch.Tensor") -> None:
+        """The same mask packed (what the scheduler uses per step): words int32 [n] (a row of the batch
+        buffer, any device), bit j of word w set <=> token 32w + j allowed; every word is overwritten.
+        Backends override this with a copy of a cached packed row; this fallback packs the bool mask."""
+        import torch
+
+        from radixlm.constrained.bitmask import pack_bool
+
+        mask = torch.zeros(words.shape[0] * 32, dtype=torch.bool)
+        self.fill_allowed_mask(mask)
+        words.copy_(pack_bool(mask))
+
+    def cpu_mask(self) -> "CpuMask | None":
+        """The same mask in a CPU layout (an allowed-id list or an additive row, see bitmask.py), cached
+        by the backend, or None if it has none; then the scheduler uses fill_bitmask."""
+        return None
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:

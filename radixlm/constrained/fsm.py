@@ -15,12 +15,14 @@ synthetic token per byte (ids FAKE_BYTE_BASE + b, never allowed in masks). Why:
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
 from dataclasses import dataclass
 
 import torch
 
+from radixlm.constrained.bitmask import CpuMask, additive_row, allowed_list, num_words, pack_ids
 from radixlm.constrained.vocabulary import END_BYTE, FAKE_BYTE_BASE, TokenBytes
 
 # A visited state's mask is cached as a full bool row, so filling a mask is one copy_ (~2-4 us even
@@ -28,22 +30,44 @@ from radixlm.constrained.vocabulary import END_BYTE, FAKE_BYTE_BASE, TokenBytes
 # grammars of the process share this budget (a grammar returns its share when it is freed); states
 # visited beyond it fill from id lists: the allowed ids, or the complement when that is shorter.
 ROW_BUDGET_BYTES = 256 << 20
+# The per-step path (scheduler -> sampler) uses MaskRows instead: the packed bitmask (ceil(V/32) int32,
+# 6 KB at 49k) plus a CPU layout (bitmask.py): the allowed-id list when at most MAX_LIST_IDS tokens are
+# allowed (gathers cost ~6 ns a token, an additive row ~9 us), else an additive float row (4 V bytes).
+# MaskRows are deduplicated per grammar (every state inside a JSON string shares one mask, so do the
+# "digit or end" states, ...) and share a process-wide budget (packed words + additive rows; id lists
+# are StateInfo's, kept anyway). Past it a state's MaskRow is rebuilt at each use and offers no
+# additive row (the sampler then unpacks the bits).
+PACKED_BUDGET_BYTES = 64 << 20
+MAX_LIST_IDS = 512
 MAX_FORCED_BYTES = 4096
 _budget_lock = threading.Lock()
 _budget_used = [0]
+_packed_used = [0]
 
 
 def _take_row_budget(nbytes: int) -> bool:
-    with _budget_lock:
-        if _budget_used[0] + nbytes > ROW_BUDGET_BYTES:
-            return False
-        _budget_used[0] += nbytes
-        return True
+    return _take(_budget_used, nbytes, ROW_BUDGET_BYTES)
 
 
 def _return_row_budget(nbytes: int) -> None:
+    _give(_budget_used, nbytes)
+
+
+def _take(used: list[int], nbytes: int, limit: int) -> bool:
     with _budget_lock:
-        _budget_used[0] -= nbytes
+        if used[0] + nbytes > limit:
+            return False
+        used[0] += nbytes
+        return True
+
+
+def _give(used: list[int], nbytes: int) -> None:
+    with _budget_lock:
+        used[0] -= nbytes
+
+
+def _return_packed_budget_of(packed_bytes: list[int]) -> None:
+    _give(_packed_used, packed_bytes[0])
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,14 @@ class StateInfo:
     num_real_tokens: int          # allowed tokenizer tokens, EOS excluded
     allowed_ids: torch.Tensor     # int64 [n]: the mask's True entries (EOS when accepting, or alone)
     next_bytes: tuple[int, ...]   # bytes 1..255 with a transition (the byte-level DFA)
+
+
+@dataclass(frozen=True)
+class MaskRow:
+    """One state's mask in the per-step layouts (shared by every state with the same mask)."""
+
+    packed: torch.Tensor  # int32 [ceil(vocab_size / 32)]; bits past vocab_size are 0
+    cpu: CpuMask | None   # the same mask in a CPU layout (None: over budget and too many ids for a list)
 
 
 def _return_row_budget_of(row_bytes: list[int]) -> None:
@@ -75,6 +107,10 @@ class TokenFSM:
         self._row_bytes = [0]
         weakref.finalize(self, _return_row_budget_of, self._row_bytes)
         self._forced: dict[int, tuple[bytes, int]] = {}
+        self._mask_rows: dict[int, MaskRow] = {}   # state -> its (deduplicated) MaskRow
+        self._unique: dict[bytes, MaskRow] = {}    # digest of the packed words -> MaskRow
+        self._packed_bytes = [0]
+        weakref.finalize(self, _return_packed_budget_of, self._packed_bytes)
 
     def next_state(self, state: int, token_id: int) -> int | None:
         if not 0 <= token_id < self._limit or token_id == self.table.eos_token_id:
@@ -137,10 +173,54 @@ class TokenFSM:
     def _blocked_ids(self, state: int, info: StateInfo) -> torch.Tensor:
         hit = self._blocked.get(state)
         if hit is None:
-            free = torch.ones(self._limit, dtype=torch.bool)
-            free[info.allowed_ids[info.allowed_ids < self._limit]] = False
-            hit = self._blocked[state] = free.nonzero().flatten()
+            hit = self._blocked[state] = self._blocked_list(info)
         return hit
+
+    # ---- the per-step layouts (see bitmask.py) ----------------------------------------------------------
+    def mask_row(self, state: int) -> MaskRow:
+        hit = self._mask_rows.get(state)
+        if hit is None:
+            hit = self._build_mask_row(state)
+        return hit
+
+    def fill_bitmask(self, state: int, words: torch.Tensor) -> None:
+        """words (int32 [n], any device) := state's packed mask; words past the vocabulary are 0."""
+        row = self.mask_row(state).packed
+        if words.shape[0] == row.shape[0]:
+            words.copy_(row)  # also CPU -> accelerator
+            return
+        n = min(words.shape[0], row.shape[0])
+        words[:n].copy_(row[:n])
+        words[n:] = 0
+
+    def mask_table_stats(self) -> dict[str, int]:
+        """Cached states, distinct masks among them, and the bytes the cache holds (packed + additive rows)."""
+        return {"states": len(self._mask_rows), "rows": len(self._unique), "bytes": self._packed_bytes[0]}
+
+    def _build_mask_row(self, state: int) -> MaskRow:
+        info = self.info(state)
+        packed = pack_ids(info.allowed_ids, num_words(self.vocab_size))
+        key = hashlib.blake2b(packed.numpy().tobytes(), digest_size=16).digest()
+        shared = self._unique.get(key)
+        if shared is not None and torch.equal(shared.packed, packed):
+            self._mask_rows[state] = shared
+            return shared
+        if info.allowed_ids.numel() <= MAX_LIST_IDS:
+            cpu, cost = allowed_list(info.allowed_ids), packed.numel() * 4
+        else:
+            cpu, cost = None, packed.numel() * 4 + 4 * self.vocab_size
+        if shared is None and _take(_packed_used, cost, PACKED_BUDGET_BYTES):
+            if cpu is None:
+                cpu = additive_row(info.allowed_ids, self.vocab_size)
+            self._packed_bytes[0] += cost
+            row = self._unique[key] = self._mask_rows[state] = MaskRow(packed, cpu)
+            return row
+        return MaskRow(packed, cpu)  # not cached: built again on the next use
+
+    def _blocked_list(self, info: StateInfo) -> torch.Tensor:
+        free = torch.ones(self._limit, dtype=torch.bool)
+        free[info.allowed_ids[info.allowed_ids < self._limit]] = False
+        return free.nonzero().flatten()
 
     def forced(self, state: int) -> tuple[bytes, int]:
         """The singular path from state: (bytes every continuation starts with, state after them)."""

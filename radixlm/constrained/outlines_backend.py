@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarOptions
+from radixlm.constrained.bitmask import CpuMask, allowed_list, eos_only_bits
 from radixlm.constrained.fsm import TokenFSM
 from radixlm.constrained.specs import build_index_bytes
 from radixlm.constrained.vocabulary import TokenBytes, outlines_vocabulary_bytes, token_bytes_for
@@ -73,6 +74,17 @@ class OutlinesMatcher(GrammarMatcher):
             mask[self._fsm.table.eos_token_id] = True
             return
         self._fsm.fill_mask(self.state, mask)
+
+    def fill_bitmask(self, words: torch.Tensor) -> None:
+        if self._eos[-1]:
+            eos_only_bits(words, self._fsm.table.eos_token_id)
+            return
+        self._fsm.fill_bitmask(self.state, words)
+
+    def cpu_mask(self) -> CpuMask | None:
+        if self._eos[-1]:
+            return allowed_list(torch.tensor([self._fsm.table.eos_token_id], dtype=torch.int64))
+        return self._fsm.mask_row(self.state).cpu
 
     def accept_token(self, token_id: int) -> bool:
         if self._eos[-1]:

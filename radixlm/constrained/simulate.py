@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -75,7 +75,9 @@ def _steer_token(matcher: GrammarMatcher, allowed: list[int], byte_ids: dict[int
 
 def random_walk(matcher: GrammarMatcher, tokenizer: Any, vocab_size: int, seed: int,
                 max_tokens: int = 400, soft_len: int = 48, jump_forward: bool = True,
-                time_masks: bool = False) -> WalkResult:
+                time_masks: bool = False, on_step: Callable[[GrammarMatcher], None] | None = None
+                ) -> WalkResult:
+    """on_step(matcher) runs before each step's mask (benchmarks time other mask paths there)."""
     import time
 
     table = token_bytes_for(tokenizer)
@@ -85,6 +87,8 @@ def random_walk(matcher: GrammarMatcher, tokenizer: Any, vocab_size: int, seed: 
     mask = torch.zeros(vocab_size, dtype=torch.bool)
     res = WalkResult([], "", 0)
     while len(res.token_ids) < max_tokens and not matcher.is_terminated():
+        if on_step is not None:
+            on_step(matcher)
         t0 = time.perf_counter()
         matcher.fill_allowed_mask(mask)
         if time_masks:

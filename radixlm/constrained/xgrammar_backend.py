@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarOptions
+from radixlm.constrained.bitmask import eos_only_bits, pack_bool
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 from radixlm.constrained.json_schema import load_schema
 from radixlm.constrained.vocabulary import token_bytes_for
@@ -88,13 +89,15 @@ def compile_serialized(kind: str, spec: str, options: GrammarOptions, payload: b
 
 
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, inner: Any, eos_token_id: int, usable: torch.Tensor, jump_forward: bool):
+    def __init__(self, inner: Any, eos_token_id: int, usable: torch.Tensor, usable_words: torch.Tensor,
+                 jump_forward: bool):
         import xgrammar as xgr
 
         self._m = inner
         self._eos = eos_token_id
         self._usable = usable  # bool [V]: tokens that stand for text (xgrammar may treat e.g. a
         self._vocab_size = usable.shape[0]  # pad special token as literal text), plus EOS
+        self._usable_words = usable_words  # int32 [1, ceil(V/32)]: `usable` packed
         self._jump = jump_forward
         self._words = xgr.allocate_token_bitmask(1, self._vocab_size)  # int32 [1, ceil(V/32)]
 
@@ -113,6 +116,22 @@ class XGrammarMatcher(GrammarMatcher):
         if not bits.any():  # a dead end must not reach the sampler as an all -inf row
             bits[self._eos] = True
         mask.copy_(bits)
+
+    def fill_bitmask(self, words: torch.Tensor) -> None:
+        # xgrammar fills packed words natively: straight into the batch buffer's row when it fits.
+        if self._m.is_terminated():
+            eos_only_bits(words, self._eos)
+            return
+        fits = words.shape[0] == self._words.shape[1] and words.device.type == "cpu" and words.is_contiguous()
+        target = words.unsqueeze(0) if fits else self._words
+        self._m.fill_next_token_bitmask(target)
+        target.bitwise_and_(self._usable_words)
+        if not target.any():  # a dead end must not reach the sampler as an all -inf row
+            eos_only_bits(target[0], self._eos)
+        if not fits:
+            n = min(words.shape[0], target.shape[1])
+            words[:n].copy_(target[0, :n])
+            words[n:] = 0
 
     def accept_token(self, token_id: int) -> bool:
         if self._m.is_terminated() or not 0 <= token_id < self._vocab_size or not self._usable[token_id]:
@@ -139,18 +158,20 @@ class XGrammarMatcher(GrammarMatcher):
         return self._m.find_jump_forward_string() or None
 
     def copy(self) -> "XGrammarMatcher":
-        return XGrammarMatcher(self._m.fork(), self._eos, self._usable, self._jump)
+        return XGrammarMatcher(self._m.fork(), self._eos, self._usable, self._usable_words, self._jump)
 
 
 class XGrammarGrammar(CompiledGrammar):
-    def __init__(self, compiled: Any, eos_token_id: int, usable: torch.Tensor, options: GrammarOptions):
+    def __init__(self, compiled: Any, eos_token_id: int, usable: torch.Tensor, usable_words: torch.Tensor,
+                 options: GrammarOptions):
         self.compiled, self._eos, self._usable, self._options = compiled, eos_token_id, usable, options
+        self._usable_words = usable_words
 
     def matcher(self) -> XGrammarMatcher:
         import xgrammar as xgr
 
         inner = xgr.GrammarMatcher(self.compiled, override_stop_tokens=[self._eos])
-        return XGrammarMatcher(inner, self._eos, self._usable, self._options.jump_forward)
+        return XGrammarMatcher(inner, self._eos, self._usable, self._usable_words, self._options.jump_forward)
 
 
 class XGrammarBackend(GrammarBackend):
@@ -175,6 +196,7 @@ class XGrammarBackend(GrammarBackend):
         limit = min(vocab_size, table.num_tokens)
         self.usable[:limit] = torch.tensor([b is not None for b in table.token_bytes[:limit]])
         self.usable[self.eos_token_id] = True
+        self.usable_words = pack_bool(self.usable).unsqueeze(0)  # int32 [1, ceil(V/32)]
         digest = hashlib.sha256(self._payload).hexdigest()[:16]
         self._key = f"{self.name}:{digest}:{vocab_size}:{self.options.to_json()}"
 
@@ -194,4 +216,4 @@ class XGrammarBackend(GrammarBackend):
         return self._wrap(xgr.CompiledGrammar.deserialize_json(data.decode("utf-8"), self.info))
 
     def _wrap(self, compiled: Any) -> XGrammarGrammar:
-        return XGrammarGrammar(compiled, self.eos_token_id, self.usable, self.options)
+        return XGrammarGrammar(compiled, self.eos_token_id, self.usable, self.usable_words, self.options)

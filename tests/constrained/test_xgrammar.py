@@ -108,3 +108,27 @@ def test_compiles_in_worker_processes(xg):
         assert grammar.matcher().jump_forward() == '{"version":2,"kind":"doc"}'
         with pytest.raises(GrammarError):
             cache.submit("regex", "(a").result(timeout=120)
+
+
+def test_packed_bitmask_equals_bool_mask_along_walks(xg, byte_tokenizer, model_vocab_size):
+    """fill_bitmask (xgrammar's native words, AND the usable tokens) == fill_allowed_mask at every step,
+    into a row of a wider buffer and into an exact one; padding ids never set."""
+    from radixlm.constrained.bitmask import num_words
+    from radixlm.kernels.grammar_mask import unpack_bitmask
+
+    steps = [0]
+
+    def compare(matcher) -> None:
+        want = torch.zeros(model_vocab_size, dtype=torch.bool)
+        matcher.fill_allowed_mask(want)
+        for extra in (0, 2):
+            words = torch.full((num_words(model_vocab_size) + extra,), -1, dtype=torch.int32)
+            matcher.fill_bitmask(words)
+            got = unpack_bitmask(words.unsqueeze(0), (num_words(model_vocab_size) + extra) * 32)[0]
+            assert torch.equal(got[:model_vocab_size], want) and not got[model_vocab_size:].any()
+        steps[0] += 1
+
+    for name in ("enum_strings", "integer_bounds", "array_min_max"):
+        grammar = xg["default"].compile("json_schema", json.dumps(SCHEMAS[name]))
+        random_walk(grammar.matcher(), byte_tokenizer, model_vocab_size, seed=0, on_step=compare)
+    assert steps[0] > 10

@@ -204,7 +204,8 @@ class Sampler:
     def processed_logits(self, logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMask | None = None
                          ) -> torch.Tensor:
         """[B, vocab_size] logits after bias, penalties, min_new_tokens and masks (before temperature):
-        what greedy takes the argmax of. A view of `logits` when no row needs processing."""
+        what greedy takes the argmax of. A view of `logits` when no row needs processing; with `grammar` on
+        the CPU, the mask builder's buffer, rewritten by its next step."""
         work = self._vocab_view(logits)
         processed = self._process(work, rows, grammar)
         return work if processed is None else processed

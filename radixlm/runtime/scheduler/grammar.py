@@ -14,6 +14,7 @@ from concurrent.futures import Future
 
 import torch
 
+from radixlm.constrained.bitmask import GrammarMask, MaskBuilder
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.sampling_params import SamplingParams
@@ -42,6 +43,7 @@ class GrammarManager:
         self.config = config
         self._cache = None
         self._pending: list[tuple[Req, Future]] = []
+        self._masks = MaskBuilder()  # one reused mask buffer for every step
 
     def _grammar_cache(self):
         if self._cache is None:
@@ -105,10 +107,10 @@ class GrammarManager:
             self._cache = None
 
     # ---- per step ---------------------------------------------------------------------------------
-    def allowed_mask(self, req: Req, width: int, device: torch.device) -> torch.Tensor:
-        mask = torch.empty(width, dtype=torch.bool, device=device)
-        req.grammar.fill_allowed_mask(mask)
-        return mask
+    def masks(self, reqs: list[Req], width: int, device: torch.device) -> GrammarMask | None:
+        """The sampling batch's grammar masks (row i = reqs[i], logits `width` wide), or None if no
+        request is constrained. Valid until the next call (the buffer is reused)."""
+        return self._masks.build([req.grammar for req in reqs], width, device)
 
     def jump_forward(self, req: Req) -> tuple[int, list[int]] | None:
         """After the matcher accepted the latest token: (tokens to drop, tokens to append), already applied

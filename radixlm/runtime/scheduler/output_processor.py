@@ -67,8 +67,8 @@ class OutputProcessor:
         if plan.sample:
             reqs = [batch.rows[i].req for i, _ in plan.sample]
             rows_logits = logits[[r for _, r in plan.sample]]
-            width = rows_logits.shape[-1]
-            sampled = self.sampler(rows_logits, [self._sampling_row(r, width, logits.device) for r in reqs])
+            masks = self.grammar.masks(reqs, rows_logits.shape[-1], logits.device)
+            sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs], masks)
             self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
             for (i, _), req, tok in zip(plan.sample, reqs, sampled.token_ids):
                 sent = len(req.output_ids)
@@ -96,9 +96,8 @@ class OutputProcessor:
                 self._stop_decoders.pop(req.rid, None)
         return outputs, finished
 
-    def _sampling_row(self, req: Req, width: int, device: torch.device) -> SamplingRow:
-        mask = None if req.grammar is None else self.grammar.allowed_mask(req, width, device)
-        return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator, mask)
+    def _sampling_row(self, req: Req) -> SamplingRow:
+        return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator)
 
     def _jump_forward(self, req: Req) -> int:
         """Append the grammar's forced text (as tokens to run in the next extend step); returns how many
