@@ -9,6 +9,16 @@ import pytest
 # Two cores: oversubscribed OpenMP threads make tiny matmuls far slower.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
+# Triton decorates its own standard library (tl.zeros, ...) when triton.language is first imported, in
+# interpreter mode or not, so TRITON_INTERPRET must be set before ANY test module imports triton (some
+# import radixlm.kernels at collection, before tests/kernels/conftest.py would run). Without CUDA the
+# kernels only run in the interpreter anyway.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 
 def _build(tmp_path_factory, arch: str, **overrides):
     from radixlm.testing import build_tiny_model

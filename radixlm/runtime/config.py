@@ -18,6 +18,9 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda
     context_length: int | None = None  # None = the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads on CPU; None = number of physical cores
+    # Threads for CPU steps of fewer than 32 tokens (small decode batches), which gain nothing from more
+    # GEMV threads but lose a core to the thread consuming outputs; None = num_threads - 1 on 2-8 cores.
+    small_step_threads: int | None = None
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
     seed: int = 0  # global RNG seed for unseeded sampling
     weight_layout: str = "auto"  # auto (measured fastest on the device, model/weight_layout.py) | row

@@ -200,9 +200,11 @@ def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> i
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Resolve once here (the default model may be downloaded and converted) so children get a plain dir.
     model_dir = str(resolve_model_path(engine_config.model.model_path))
+    threads = _scheduler_threads(engine_config.model, server_config.dp_size)
+    # The schedulers already leave the IO processes a core: small steps need not leave another.
+    small = engine_config.model.small_step_threads or threads
     engine_config = dataclasses.replace(engine_config, model=dataclasses.replace(
-        engine_config.model, model_path=model_dir,
-        num_threads=_scheduler_threads(engine_config.model, server_config.dp_size)))
+        engine_config.model, model_path=model_dir, num_threads=threads, small_step_threads=small))
     tokenizer_path = engine_config.model.tokenizer_path or model_dir
     ipc_dir = tempfile.mkdtemp(prefix="radixlm-ipc-")  # mode 0700: only this user can connect
     procs: dict[str, BaseProcess] = {}
