@@ -4,8 +4,9 @@ Runs inside the scheduler process (and each tensor-parallel rank), once, after l
 
 Why: CPU decode is bound by how fast the weights stream from memory, and torch's fp32 GEMV (MKL) streams
 a [out, in] row-major weight noticeably slower than the same weight stored column-major (x @ W^T with
-W^T contiguous). Measured on a 2-core AMD EPYC (Zen 3), 1 thread, SmolLM2-135M shapes, batch of 1 row
-(benchmarks/bench_engine.py --layouts prints the end-to-end effect):
+W^T contiguous). Measured on a 2-core AMD EPYC (Zen 3), 1 thread, SmolLM2-135M shapes (30 layers' worth,
+so nothing stays in cache), batch of 1 row, best of 4 rounds on a shared machine; the ratios held in
+every round (benchmarks/bench_engine.py --layouts prints the end-to-end effect):
 
     weight [out, in]      row-major    column-major
     qkv   [960, 576]      11.1 GB/s    14.6 GB/s
