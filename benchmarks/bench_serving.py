@@ -18,7 +18,6 @@ import os
 import random
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +35,24 @@ class Sample:
     e2e: float = 0.0
     output_tokens: int = 0
     ok: bool = True
+    start: float = field(default_factory=time.perf_counter)
+    last: float | None = None  # when the latest new tokens arrived
+
+    def observe(self, completion_tokens: int) -> None:
+        """A streamed chunk reporting completion_tokens so far: first tokens set TTFT, later ones add
+        per-token inter-token latencies."""
+        if completion_tokens <= self.output_tokens:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            self.ttft = now - self.start
+        else:
+            self.itl.append((now - self.last) / (completion_tokens - self.output_tokens))
+        self.last, self.output_tokens = now, completion_tokens
+
+    def done(self) -> "Sample":
+        self.e2e = time.perf_counter() - self.start
+        return self
 
 
 def make_prompts(args: argparse.Namespace) -> list[str]:
@@ -73,26 +90,17 @@ def report(name: str, samples: list[Sample], duration: float, hit_rate: float | 
 async def one_request(client: httpx.AsyncClient, prompt: str, args: argparse.Namespace) -> Sample:
     body = {"text": prompt, "stream": True, "sampling_params": {
         "max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}}
-    sample, start, last = Sample(), time.perf_counter(), None
+    sample = Sample()
     try:
         async with client.stream("POST", "/generate", json=body) as res:
             if res.status_code != 200:
                 return Sample(ok=False)
             async for line in res.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                now, event = time.perf_counter(), json.loads(line[6:])
-                count = event["meta_info"]["completion_tokens"]
-                if count > sample.output_tokens:
-                    if last is None:
-                        sample.ttft = now - start
-                    else:
-                        sample.itl.append((now - last) / (count - sample.output_tokens))
-                    last, sample.output_tokens = now, count
+                if line.startswith("data: {"):
+                    sample.observe(json.loads(line[6:])["meta_info"]["completion_tokens"])
     except httpx.HTTPError:
         return Sample(ok=False)
-    sample.e2e = time.perf_counter() - start
-    return sample
+    return sample.done()
 
 
 async def run_server(url: str, prompts: list[str], args: argparse.Namespace) -> tuple[list[Sample], float]:
@@ -134,21 +142,12 @@ def run_engine(prompts: list[str], args: argparse.Namespace) -> tuple[list[Sampl
     with Engine(args.model_path, num_threads=args.num_threads) as engine:
         engine.generate(prompts[0], {"max_new_tokens": 1})  # warm-up, like the server's health check
         engine.flush_cache()
-        lock = threading.Lock()
 
         def one(prompt: str) -> Sample:
-            sample, start, last = Sample(), time.perf_counter(), None
+            sample = Sample()
             for chunk in engine.generate(prompt, params, stream=True):
-                now, count = time.perf_counter(), chunk["meta_info"]["completion_tokens"]
-                if count > sample.output_tokens:
-                    if last is None:
-                        sample.ttft = now - start
-                    else:
-                        sample.itl.append((now - last) / (count - sample.output_tokens))
-                    last, sample.output_tokens = now, count
-            sample.e2e = time.perf_counter() - start
-            with lock:
-                return sample
+                sample.observe(chunk["meta_info"]["completion_tokens"])
+            return sample.done()
 
         start = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
