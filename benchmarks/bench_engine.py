@@ -9,16 +9,25 @@ way a user would batch with `generate`. Prints a table with ratios (radixlm / HF
 One more row is what concurrent users really send: 32 requests with ragged prompts (32..224 tokens, mean
 128) and ragged output budgets (16..112 new tokens, mean 64). HF's batch pads every prompt to the longest
 and decodes every row for the largest budget; only the tokens each request asked for are counted.
-`--layouts` adds a column: radixlm with the loaded row-major weights (`weight_layout="row"`), to show
-what the measured CPU weight layout (runtime/model/weight_layout.py) buys.
+`--layouts` adds columns: radixlm with each other weight layout (row, column, blocks; "auto" is the
+measured choice, runtime/model/weight_layout.py), to show what the layouts buy.
+
+Each side (HF, and radixlm per layout) runs in its own worker process, loaded once: torch work of
+several threads in one process would share libgomp's thread accounting and slow every side
+(runtime/engine_loop.py); a standalone user program has one such thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import transformers
@@ -26,6 +35,7 @@ import transformers
 import radixlm
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.model.loader import resolve_model_path
+from radixlm.runtime.model.weight_layout import LAYOUTS
 
 
 def make_prompt_ids(tok, n: int, seed: int) -> list[int]:
@@ -115,58 +125,101 @@ def ours_prefill_tps(engine: Engine, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t)
 
 
+def workloads(tok, quick: bool) -> list[tuple[str, Callable[[Engine], float], Callable[[Any], float]]]:
+    """(name, ours(engine), hf(model)) per workload; the same prompts in every process (fixed seeds)."""
+    new, nreq, plen, long_len = (16, 8, 64, 256) if quick else (64, 32, 128, 1024)
+    one = make_prompt_ids(tok, 8, 0)
+    batch = [make_prompt_ids(tok, plen, 1 + i) for i in range(nreq)]
+    ragged, budgets = ragged_workload(tok, nreq, plen, new)
+    long_prompt = make_prompt_ids(tok, long_len, 99)
+    return [
+        (f"decode tok/s, batch 1 ({new} new)", lambda e: ours_decode_tps(e, one, new),
+         lambda hf: hf_decode_tps(hf, one, new)),
+        (f"throughput tok/s, {nreq} reqs x {plen} prompt, {new} new", lambda e: ours_batch_tps(e, batch, new),
+         lambda hf: hf_batch_tps(hf, tok, batch, new)),
+        (f"throughput tok/s, {nreq} ragged reqs (mean {plen}/{new})", lambda e: ours_ragged_tps(e, ragged, budgets),
+         lambda hf: hf_ragged_tps(hf, tok, ragged, budgets)),
+        (f"prefill tok/s, {long_len}-token prompt", lambda e: ours_prefill_tps(e, long_prompt),
+         lambda hf: hf_prefill_tps(hf, long_prompt)),
+    ]
+
+
+def serve_side(side: str, model_dir: str, threads: int, quick: bool) -> None:
+    """Worker process of one side ("hf" or a radixlm weight layout): load once, then run the workload whose
+    index arrives on each stdin line and print its tok/s."""
+    torch.set_num_threads(threads)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    if side == "hf":
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        runs = [lambda hf=hf: hf(model) for _, _, hf in workloads(tok, quick)]
+    else:
+        engine = Engine(model_dir, num_threads=threads, max_total_tokens=32 * 400 + 2048,
+                        chunked_prefill_size=2048, weight_layout=side)
+        runs = [lambda ours=ours: ours(engine) for _, ours, _ in workloads(tok, quick)]
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(json.dumps(runs[int(line)]()), flush=True)
+
+
+class Side:
+    """A worker process (this script with --side): each side has its own process, so its torch threads
+    are the only OpenMP pool there, as in a standalone program (engine_loop.py says why that matters)."""
+
+    def __init__(self, side: str, model_dir: str, threads: int, quick: bool):
+        cmd = [sys.executable, __file__, "--side", side, "--model-path", model_dir, "--threads", str(threads)]
+        self.proc = subprocess.Popen(cmd + (["--quick"] if quick else []), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {side} worker did not start")
+
+    def run(self, index: int) -> float:
+        self.proc.stdin.write(f"{index}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
-    ap.add_argument("--layouts", action="store_true", help="also run radixlm with row-major weights")
+    ap.add_argument("--layouts", action="store_true", help="also run radixlm with the other weight layouts")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats per workload (median shown)")
+    ap.add_argument("--side", default=None, help=argparse.SUPPRESS)  # internal: a worker process
     args = ap.parse_args()
     threads = args.threads or torch.get_num_threads()
-    torch.set_num_threads(threads)
-    model_dir = resolve_model_path(args.model_path)
+    model_dir = str(resolve_model_path(args.model_path))
+    if args.side is not None:
+        serve_side(args.side, model_dir, threads, args.quick)
+        return
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    new, nreq, plen, long_len = (16, 8, 64, 256) if args.quick else (64, 32, 128, 1024)
-    one = make_prompt_ids(tok, 8, 0)
-    batch = [make_prompt_ids(tok, plen, 1 + i) for i in range(nreq)]
-    ragged, budgets = ragged_workload(tok, nreq, plen, new)
-    long_prompt = make_prompt_ids(tok, long_len, 99)
-    workloads = [
-        (f"decode tok/s, batch 1 ({new} new)", lambda e: ours_decode_tps(e, one, new),
-         lambda: hf_decode_tps(hf, one, new)),
-        (f"throughput tok/s, {nreq} reqs x {plen} prompt, {new} new", lambda e: ours_batch_tps(e, batch, new),
-         lambda: hf_batch_tps(hf, tok, batch, new)),
-        (f"throughput tok/s, {nreq} ragged reqs (mean {plen}/{new})", lambda e: ours_ragged_tps(e, ragged, budgets),
-         lambda: hf_ragged_tps(hf, tok, ragged, budgets)),
-        (f"prefill tok/s, {long_len}-token prompt", lambda e: ours_prefill_tps(e, long_prompt),
-         lambda: hf_prefill_tps(hf, long_prompt)),
-    ]
-    layouts = ("auto", "row") if args.layouts else ("auto",)
-    engines = {layout: Engine(str(model_dir), num_threads=threads, max_total_tokens=32 * 400 + 2048,
-                              chunked_prefill_size=2048, weight_layout=layout) for layout in layouts}
-    # Each repeat measures every side of a workload back to back, so slow phases of a shared machine
-    # hit both sides of a ratio; the table shows medians and the range of the per-repeat ratios.
+    names = [name for name, _, _ in workloads(tok, args.quick)]
+    layouts = ("auto", *(x for x in LAYOUTS if x != "auto")) if args.layouts else ("auto",)
+    sides = {side: Side(side, model_dir, threads, args.quick) for side in (*layouts, "hf")}
+    # Each repeat measures every side of a workload back to back (one process at a time), so slow phases
+    # of a shared machine hit both sides of a ratio; the table shows medians and the per-repeat ratios' range.
     runs: list[dict[str, list[float]]] = []
-    for _, ours, run_hf in workloads:
-        got: dict[str, list[float]] = {side: [] for side in (*layouts, "hf")}
+    for index in range(len(names)):
+        got: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(args.repeats):
-            for layout, engine in engines.items():
-                got[layout].append(ours(engine))
-            got["hf"].append(run_hf())
+            for side, worker in sides.items():
+                got[side].append(worker.run(index))
         runs.append(got)
-    for engine in engines.values():
-        engine.shutdown()
-    print(f"\nmodel {model_dir.name} fp32 | threads {threads} | torch {torch.__version__} | transformers "
+    for worker in sides.values():
+        worker.close()
+    print(f"\nmodel {Path(model_dir).name} fp32 | threads {threads} | torch {torch.__version__} | transformers "
           f"{transformers.__version__} | radixlm {radixlm.__version__} | {platform.processor() or platform.machine()}"
-          f" | median of {args.repeats}")
-    extra = f"{'row-major':>10}" if args.layouts else ""
+          f" | median of {args.repeats} | each side in its own process")
+    extra = "".join(f"{layout:>10}" for layout in layouts[1:])
     spread = f"{'ratio range':>16}" if args.repeats > 1 else ""
     print(f"{'workload':<52}{'radixlm':>10}{extra}{'HF':>10}{'ratio':>8}{spread}")
-    for (name, _, _), got in zip(workloads, runs):
+    for name, got in zip(names, runs):
         med = {side: statistics.median(v) for side, v in got.items()}
-        row = f"{med['row']:>10.1f}" if args.layouts else ""
+        row = "".join(f"{med[layout]:>10.1f}" for layout in layouts[1:])
         ratios = [a / b for a, b in zip(got["auto"], got["hf"])]
         rng = f"{min(ratios):>9.2f}-{max(ratios):.2f}x" if args.repeats > 1 else ""
         print(f"{name:<52}{med['auto']:>10.1f}{row}{med['hf']:>10.1f}{med['auto'] / med['hf']:>7.2f}x{rng}")

@@ -18,12 +18,14 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda
     context_length: int | None = None  # None = the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads on CPU; None = number of physical cores
-    # Threads for CPU steps of fewer than 32 tokens (small decode batches), which gain nothing from more
-    # GEMV threads but lose a core to the thread consuming outputs; None = num_threads - 1 on 2-8 cores.
+    # Threads for CPU steps of fewer than 32 tokens (small decode batches). With the column weight layout
+    # their GEMVs use one thread anyway and a second one only takes the output consumer's core, so
+    # None = num_threads - 1 on 2-8 cores there, and num_threads with the blocks layout (model_runner.py).
     small_step_threads: int | None = None
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
     seed: int = 0  # global RNG seed for unseeded sampling
-    weight_layout: str = "auto"  # auto (measured fastest on the device, model/weight_layout.py) | row
+    # auto (measured fastest: fp32 CPU -> blocks with >= 2 threads, column with 1) | row | column | blocks
+    weight_layout: str = "auto"  # (model/weight_layout.py)
     # Decode steps replay CUDA graphs (model/cuda_graph.py) on CUDA with the Triton backend; SGLang's names.
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # None = min(max_running_requests, 128)

@@ -27,14 +27,14 @@ class Engine:
 
     def __init__(self, model_path: str | None = None, **options: Any):
         self.config = EngineConfig.from_options(model_path, **options)
-        built = build_scheduler(self.config)
+        self._loop = EngineLoop(lambda: build_scheduler(self.config))  # loads the model on the loop thread
+        built = self._loop.built
         self.model_dir = built.model_dir
         self.tokenizer = built.tokenizer
         self.runner = built.runner
         self.scheduler = built.scheduler
         self.eos_token_ids = built.eos_token_ids
         self.limits = built.limits
-        self._loop = EngineLoop(self.scheduler)
 
     # ---- generation -------------------------------------------------------------------------------
     def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,

@@ -298,3 +298,17 @@ def test_large_vocab_smoke():
     assert all(0 <= t < v for t in out.token_ids)
     torch.testing.assert_close(torch.tensor(out.logprobs), raw_logprobs(logits, out.token_ids), atol=1e-6, rtol=0)
 
+
+
+def test_argmax_rows_matches_torch_argmax_on_ties_nan_and_views():
+    from radixlm.runtime.model.sampler import argmax_rows
+
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(3))
+    x[1, 7] = x[1, 30] = 99.0  # a tie: the first index wins
+    x[2, 11] = float("nan")  # NaN counts as the maximum, as in torch
+    x[3] = float("-inf")  # a dead row
+    view = x[:, :33]  # the sampler's vocabulary view: rows with a stride
+    for t in (x, view, x.index_select(0, torch.tensor([4, 1]))):
+        got = argmax_rows(t)
+        assert got.dtype == torch.int64 and torch.equal(got, t.argmax(dim=-1))
+    assert argmax_rows(x)[1] == 7 and argmax_rows(x)[2] == 11

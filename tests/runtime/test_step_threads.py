@@ -38,3 +38,9 @@ def test_explicit_and_invalid_values():
     assert (t.full, t.small) == (3, 3)
     with pytest.raises(ValueError, match="small_step_threads"):
         StepThreads.for_config(ModelConfig(num_threads=2, small_step_threads=0))
+
+
+def test_blocks_layout_keeps_every_thread_for_small_steps():
+    # The blocks layout multiplies row blocks on every thread (weight_layout.py): small steps gain from it.
+    t = StepThreads.for_config(ModelConfig(num_threads=2), layout="blocks")
+    assert (t.full, t.small) == (2, 2)

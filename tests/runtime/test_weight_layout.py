@@ -1,15 +1,19 @@
-"""The CPU weight layout (runtime/model/weight_layout.py): applied where chosen, same greedy outputs."""
+"""The CPU weight layouts (runtime/model/weight_layout.py): chosen as measured, same products, same greedy
+outputs as transformers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.model.weight_layout import apply_weight_layout, column_major
+from radixlm.runtime.model.weight_layout import (as_blocks, block_count, blocked_linear, column_major,
+                                                 resolve_layout)
 from radixlm.testing import hf_greedy_ids
 
 PROMPTS = ["Paris", "The quick brown fox jumps over the lazy dog", "1 2 3 4 5 6 7 8"]
+CPU = torch.device("cpu")
 
 
 def _is_column_major(w: torch.Tensor) -> bool:
@@ -22,29 +26,72 @@ def test_column_major_keeps_values_and_shape():
     assert c.shape == w.shape and torch.equal(c, w) and _is_column_major(c)
 
 
-@pytest.mark.parametrize("layout", ["auto", "row"])
-def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout):
-    with Engine(str(tiny_llama_dir), weight_layout=layout) as engine:
+@pytest.mark.parametrize("rows,threads,expected", [(960, 2, 4), (576, 2, 4), (6, 2, 3), (7, 2, 1), (576, 8, 16),
+                                                   (10, 1, 2), (1, 4, 1)])
+def test_block_count_divides_the_rows(rows, threads, expected):
+    assert block_count(rows, threads) == expected
+
+
+@pytest.mark.parametrize("m", [1, 3, 32, 200])  # 200: past MAX_BLOCKED_ROWS, one GEMM
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_blocked_linear_equals_linear(m, with_bias):
+    g = torch.Generator().manual_seed(m)
+    w = torch.randn(24, 10, generator=g)
+    x = torch.randn(m, 10, generator=g)
+    bias = torch.randn(24, generator=g) if with_bias else None
+    blocks = as_blocks(w, 2)
+    assert blocks.shape == (4, 6, 10) and blocks.data_ptr() == w.data_ptr()  # a view: no copy
+    got = blocked_linear(x, blocks, bias)
+    assert got.shape == (m, 24)
+    torch.testing.assert_close(got, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    # A strided input (a column slice, as the MLP's gate half is) and a weight with no row divisor.
+    wide = torch.randn(m, 20, generator=g)[:, :10]
+    torch.testing.assert_close(blocked_linear(wide, blocks), F.linear(wide, w), rtol=1e-5, atol=1e-5)
+    odd = torch.randn(7, 10, generator=g)
+    assert as_blocks(odd, 2) is odd
+    torch.testing.assert_close(blocked_linear(x, as_blocks(odd, 2)), F.linear(x, odd))
+
+
+def test_resolve_layout():
+    assert resolve_layout("auto", CPU, torch.float32, 2) == "blocks"
+    assert resolve_layout("auto", CPU, torch.float32, 1) == "column"
+    assert resolve_layout("column", CPU, torch.float32, 4) == "column"
+    assert resolve_layout("blocks", CPU, torch.bfloat16, 4) == "row"  # measured for fp32 only
+    assert resolve_layout("auto", torch.device("cuda"), torch.float32, 2) == "row"
+    with pytest.raises(ValueError, match="weight_layout"):
+        resolve_layout("columns", CPU, torch.float32, 2)
+
+
+@pytest.mark.parametrize("layout,threads", [("auto", 2), ("auto", 1), ("row", 2), ("column", 2), ("blocks", 1)])
+def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, threads):
+    with Engine(str(tiny_llama_dir), weight_layout=layout, num_threads=threads) as engine:
         model = engine.runner.model
         layer = model.layers[0]
-        if layout == "auto":
+        chosen = resolve_layout(layout, CPU, torch.float32, threads)
+        assert engine.runner.layout == chosen
+        if chosen == "blocks":
+            assert layer.self_attn.qkv_weight.dim() == 3 and layer.down_weight.dim() == 3
+            assert layer.linear is blocked_linear and model.linear is blocked_linear
+            assert model.lm_head_matmul is not None and model.lm_head_single_row is None
+        elif chosen == "column":
             assert _is_column_major(layer.self_attn.qkv_weight) and _is_column_major(layer.gate_up_weight)
             assert layer.down_weight.is_contiguous()  # measured faster row-major
             assert model.lm_head_single_row is not None and _is_column_major(model.lm_head_single_row)
         else:
-            assert layer.self_attn.qkv_weight.is_contiguous() and model.lm_head_single_row is None
-        # One prompt alone (single-row LM head) and several together (row-major LM head).
+            assert layer.self_attn.qkv_weight.is_contiguous() and layer.self_attn.qkv_weight.dim() == 2
+            assert model.lm_head_single_row is None and model.lm_head_matmul is None
+        # One prompt alone (single-row LM head) and several together.
         single = engine.generate(PROMPTS[0], {"max_new_tokens": 8, "temperature": 0})["output_ids"]
         many = [r["output_ids"] for r in engine.generate(PROMPTS, {"max_new_tokens": 8, "temperature": 0})]
-        engine.scheduler.check_integrity()
+        engine.check_integrity()
     expected = hf_greedy_ids(tiny_llama_dir, PROMPTS, 8)
     assert many == expected and single == expected[0]
 
 
-def test_layout_is_only_for_fp32_cpu_and_validated(tiny_llama_dir):
+def test_layout_is_only_for_fp32_cpu(tiny_llama_dir):
     with Engine(str(tiny_llama_dir), dtype="bfloat16") as engine:
+        assert engine.runner.layout == "row"
         assert engine.runner.model.layers[0].gate_up_weight.is_contiguous()
-        assert engine.runner.model.lm_head_single_row is None
-        model = engine.runner.model
+        assert engine.runner.model.lm_head_single_row is None and engine.runner.model.lm_head_matmul is None
     with pytest.raises(ValueError, match="weight_layout"):
-        apply_weight_layout(model, "columns", torch.device("cpu"), torch.float32)
+        Engine(str(tiny_llama_dir), weight_layout="columns")

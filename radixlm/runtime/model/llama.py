@@ -62,11 +62,12 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
         self.tp = None  # parallel.TPContext when tensor-parallel (set by parallel.shard_model)
+        self.linear = F.linear  # x @ W^T for this layout of the weights (weight_layout.py may swap it)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
         d = self.d
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         v = v.reshape(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is not None:
@@ -79,7 +80,7 @@ class Attention(nn.Module):
             qk = qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim)
             q, k = apply_rotary_one(qk, *rope).split([d.num_heads, d.num_kv_heads], dim=1)
         o = backend.forward(q, k, v.contiguous(), self.layer_id, kv_pool, meta)
-        out = F.linear(o.reshape(-1, self.q_size), self.o_weight)
+        out = self.linear(o.reshape(-1, self.q_size), self.o_weight)
         return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj
 
 
@@ -93,6 +94,7 @@ class DecoderLayer(nn.Module):
         self.down_weight = _param(d.hidden, d.intermediate)
         self.intermediate = d.intermediate
         self.tp = None  # parallel.TPContext when tensor-parallel
+        self.linear = F.linear  # see Attention.linear
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 backend, kv_pool, meta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +104,8 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.forward_residual(x, residual)
         h = self.self_attn(h, rope, backend, kv_pool, meta)
         h, residual = self.post_attention_layernorm.forward_residual(h, residual)
-        gate, up = F.linear(h, self.gate_up_weight).split(self.intermediate, dim=-1)
-        out = F.linear(F.silu(gate).mul_(up), self.down_weight)  # in place: one [T, I] buffer, not two
+        gate, up = self.linear(h, self.gate_up_weight).split(self.intermediate, dim=-1)
+        out = self.linear(F.silu(gate).mul_(up), self.down_weight)  # in place: one [T, I] buffer, not two
         return (out if self.tp is None else self.tp.all_reduce(out)), residual  # row-parallel down_proj
 
 
@@ -117,7 +119,10 @@ class CausalLM(nn.Module):
         self.lm_head = None if d.tie_embeddings else _param(d.vocab_size, d.hidden)
         self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions)
         self.tp = None  # parallel.TPContext when tensor-parallel: vocab-parallel embedding and LM head
-        # Column-major copy of the LM head for single-row logits on CPU (weight_layout.py), or None.
+        # How weight_layout.py stores the LM head for matmuls (None: as loaded), and the column layout's
+        # column-major copy for single-row logits.
+        self.linear = F.linear  # see Attention.linear
+        self.lm_head_matmul: torch.Tensor | None = None
         self.lm_head_single_row: torch.Tensor | None = None
 
     @torch.inference_mode()
@@ -134,10 +139,12 @@ class CausalLM(nn.Module):
             x, residual = layer(x, residual, rope, backend, kv_pool, meta)
         h = x if residual is None else x + residual
         h = self.norm(h.index_select(0, logits_indices))
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        head = self.lm_head_matmul
         if h.shape[0] == 1 and self.lm_head_single_row is not None:
             head = self.lm_head_single_row
-        logits = F.linear(h, head)
+        elif head is None:
+            head = self.embed_tokens if self.lm_head is None else self.lm_head
+        logits = self.linear(h, head)
         return logits.float() if self.tp is None else self.tp.gather_logits(logits)
 
     # ---- weights ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.host_copy import to_device
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
-from radixlm.runtime.model.weight_layout import apply_weight_layout
+from radixlm.runtime.model.weight_layout import apply_weight_layout, resolve_layout
 from radixlm.runtime.scheduler.batch import ForwardBatch
 from radixlm.runtime.scheduler.memory_pool import KVPool
 
@@ -64,12 +64,14 @@ def default_num_threads() -> int:
 class StepThreads:
     """Torch intra-op threads per CPU step, by its size.
 
-    Measured with the Engine on 2 cores (SmolLM2): decode steps of 1-16 requests ran as fast or faster
-    with 1 thread than with 2 (batch 1: 1.1-1.3x faster over repeated runs; the single-row GEMVs are
-    single-threaded in MKL anyway, while a second OpenMP thread spinning at barriers takes the core that
-    the thread consuming the outputs needs, and with other processes running it made decode up to 5x
-    slower); at 32 requests both were equal, and prefill runs 2x faster with 2. So steps below
-    SMALL_STEP_TOKENS tokens use `small` threads and the rest use `full`. Switching costs < 1 us."""
+    With the column weight layout (weight_layout.py; one thread, or chosen), a single-row GEMV is
+    single-threaded in MKL, so a decode step of few requests gains nothing from a second thread, while that
+    OpenMP thread, spinning at barriers, takes the core that the thread consuming outputs needs (with
+    other processes running it made decode up to 5x slower). Measured with the Engine on 2 cores
+    (SmolLM2): batch 1-16 decode ran as fast or faster with 1 thread than with 2. So with that layout
+    steps below SMALL_STEP_TOKENS tokens use `small` threads (num_threads - 1 on 2-8 cores) and the rest
+    use `full`. The blocks layout multiplies row blocks on every thread, which pays at any size, so
+    there small = full. Switching costs < 1 us."""
 
     SMALL_STEP_TOKENS = 32
 
@@ -79,12 +81,13 @@ class StepThreads:
         torch.set_num_threads(full)
 
     @classmethod
-    def for_config(cls, mc: ModelConfig) -> "StepThreads":
+    def for_config(cls, mc: ModelConfig, layout: str = "column") -> "StepThreads":
+        """layout: the resolved weight layout (weight_layout.resolve_layout)."""
         full = mc.num_threads or default_num_threads()
         if mc.small_step_threads is not None:
             small = mc.small_step_threads
         else:
-            small = full - 1 if 2 <= full <= 8 else full
+            small = full - 1 if 2 <= full <= 8 and layout != "blocks" else full
         if full < 1 or small < 1:
             raise ValueError("num_threads and small_step_threads must be >= 1")
         return cls(full, small)
@@ -103,7 +106,11 @@ class ModelRunner:
 
         self.device = resolve_device(model_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
-        self.threads = StepThreads.for_config(model_config) if self.device.type == "cpu" else None
+        threads = model_config.num_threads or default_num_threads()
+        self.layout = resolve_layout(model_config.weight_layout, self.device, self.dtype, threads)
+        if model_config.tp_size > 1:
+            self.layout = "row"  # each rank's shard keeps the loaded layout (not measured under TP)
+        self.threads = StepThreads.for_config(model_config, self.layout) if self.device.type == "cpu" else None
         self.context_len = _context_len(hf_config, model_config.context_length)
         t0 = time.perf_counter()
         self.tp = None  # tp_driver.TPDriver when tp_size > 1 (docs/scaling.md)
@@ -118,7 +125,7 @@ class ModelRunner:
             model.load_weights(iter_weights(model_dir, torch.float32))
             for p in model.parameters():  # rotary cos/sin buffers stay fp32 (they are cast per use)
                 p.data = p.data.to(self.dtype)
-            apply_weight_layout(model, model_config.weight_layout, self.device, self.dtype)
+            apply_weight_layout(model, self.layout, threads)
         self.model = model
         self.dims = model.dims
         logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)

@@ -1,36 +1,56 @@
-"""Memory layout of the weight matrices for CPU matmuls (fp32), chosen by measurement.
+"""How the matmul weights are stored and multiplied on the CPU (fp32), chosen by measurement.
 
-Runs inside the scheduler process (and each tensor-parallel rank), once, after loading and sharding.
+Runs inside the scheduler process, once, after loading (not on tensor-parallel ranks).
 
-Why: CPU decode is bound by how fast the weights stream from memory, and torch's fp32 GEMV (MKL) streams
-a [out, in] row-major weight noticeably slower than the same weight stored column-major (x @ W^T with
-W^T contiguous). Measured on a 2-core AMD EPYC (Zen 3), 1 thread, SmolLM2-135M shapes (30 layers' worth,
-so nothing stays in cache), batch of 1 row, best of 4 rounds on a shared machine; the ratios held in
-every round (benchmarks/bench_engine.py --layouts prints the end-to-end effect):
+Why: CPU decode is bound by how fast the weights stream from memory, and how fast torch's fp32 matmuls
+(MKL) stream them depends on the layout and on threading. Measured on the 2-core AMD EPYC (Zen 3)
+development machine, SmolLM2-135M shapes, 30 layers' worth of distinct weights (so nothing stays in
+cache), ms per pass over the layers (q/k/v, o, gate/up, down), best of several rounds:
 
-    weight [out, in]      row-major    column-major
-    qkv   [960, 576]      11.1 GB/s    14.6 GB/s
-    o     [576, 576]      10.2 GB/s    12.2 GB/s
-    gate_up [3072, 576]   12.5 GB/s    17.9 GB/s
-    down  [576, 1536]     15.8 GB/s    13.3 GB/s   <- stays row-major
-    LM head [49152, 576]  12.4 GB/s    20.2 GB/s
+    rows (M)                      1      4     32    128
+    2 threads  row-major        35.9   66.5   92.5   295
+    2 threads  column-major     25.9   65.6   95.8   315
+    2 threads  blocks           19.1   25.5   72.4   248
+    1 thread   row-major        40.8   72.6    160    387
+    1 thread   column-major     26.4   77.5    171    361
+    1 thread   blocks           35.0   47.5    143    389
+    LM head [49152, 576], 2 threads: M=1 row 10.3 / column 5.3 / blocks 5.1 ms; M=4 26.6 / 43.6 / 8.1;
+    M=32 41.6 / 51.3 / 24.3.  Past ~100 rows (prefill) the row-major GEMM wins (MAX_BLOCKED_ROWS).
 
-With 4 to 32 rows the column-major GEMMs are 0-15% slower (and the LM head 35% slower at 4 rows), so
-the layers take the layout that wins where CPU serving spends its time (few concurrent requests), and
-the LM head keeps both: the row-major matrix (which the tied embedding lookup needs anyway) for several
-rows, and a column-major copy for single-row decode (+vocab x hidden x 4 bytes of memory).
+MKL's own threading of these skinny products is poor here: one GEMV stays on one core, and a threaded
+GEMM with few rows streams the weight far below the memory bandwidth. "blocks" splits each [out, in]
+weight into p row blocks (a free view of the row-major matrix, [p, out/p, in]) and multiplies them with
+one torch.bmm, which runs the blocks' GEMMs on different threads, each streaming its own part of the
+weight; the outputs are the same dot products (greedy parity with transformers is tested with it on).
+Steps of more than MAX_BLOCKED_ROWS tokens multiply the same row-major memory with one GEMM instead.
+With one thread the column-major GEMV is fastest at one row, where CPU serving with few requests spends
+its time, so:
 
-The logical shape stays [out, in]: F.linear sees a transposed-contiguous weight and calls the
-column-major GEMM itself, so the model code does not change, and outputs are the same products summed in
-another order (greedy parity with transformers is tested with this layout on).
+    auto: fp32 on the CPU -> blocks with >= 2 threads, column with 1; anything else -> row (loaded as is).
+    column: q/k/v, o and gate/up stored column-major (down measured faster row-major and stays), and a
+            column-major copy of the LM head for single-row logits (+vocab x hidden x 4 bytes).
+
+Each layout keeps the logical [out, in] products, so only the `linear` function of the modules changes.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-LAYOUTS = ("auto", "row")
+LAYOUTS = ("auto", "row", "column", "blocks")
+
+
+def resolve_layout(layout: str, device: torch.device, dtype: torch.dtype, threads: int) -> str:
+    """The concrete layout ("row", "column" or "blocks") that `layout` means for this device."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"weight_layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+    if device.type != "cpu" or dtype != torch.float32:
+        return "row"  # measured only for fp32 on CPU; GPUs and bf16 keep the loaded layout
+    if layout == "auto":
+        return "blocks" if threads >= 2 else "column"
+    return layout
 
 
 def column_major(w: torch.Tensor) -> torch.Tensor:
@@ -38,16 +58,64 @@ def column_major(w: torch.Tensor) -> torch.Tensor:
     return w.t().contiguous().t()
 
 
-def apply_weight_layout(model: nn.Module, layout: str, device: torch.device, dtype: torch.dtype) -> None:
-    """Re-store the model's matmul weights for this device (see the module docstring); in place."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"weight_layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
-    if layout == "row" or device.type != "cpu" or dtype != torch.float32:
-        return  # measured only for fp32 on CPU; GPUs and bf16 keep the loaded layout
+def block_count(rows: int, threads: int) -> int:
+    """Row blocks for a weight of `rows` outputs: about two per thread (measured a little better than
+    one), a divisor of rows; 1 = not blocked."""
+    for p in range(min(rows, 2 * threads), 1, -1):
+        if rows % p == 0:
+            return p
+    return 1
+
+
+def as_blocks(w: torch.Tensor, threads: int) -> torch.Tensor:
+    """[out, in] -> a [p, out/p, in] view of the row-major matrix (or w itself when out has no divisor)."""
+    p = block_count(w.shape[0], threads)
+    return w.contiguous().view(p, w.shape[0] // p, w.shape[1]) if p > 1 else w
+
+
+# Rows up to which the blocks win (ms per pass over SmolLM2's layers, 2 threads: M=64 row 143 / blocks 110,
+# M=128 239 / 252, M=1024 1285 / 1923); above, MKL's own threaded GEMM on the row-major matrix is faster.
+MAX_BLOCKED_ROWS = 96
+
+
+def blocked_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) for x [M, in] and W as_blocks: one bmm over the blocks (one per thread), or for
+    many rows one GEMM over the row-major matrix (the same memory)."""
+    if w.dim() == 2:
+        return F.linear(x, w, bias)
+    p, rows, k = w.shape
+    m = x.shape[0]
+    if m > MAX_BLOCKED_ROWS:
+        return F.linear(x, w.view(p * rows, k), bias)
+    # [p, rows, in] @ [p, in, M] (x^T broadcast, no copy) -> [p, rows, M] -> [M, out]. The permuted result
+    # is a column-major view; the copy to row-major costs little next to the product (and nothing at
+    # M = 1) and keeps every later op on contiguous rows (SDPA falls back to its slow math kernel on
+    # column-major q/k/v: prefill measured 2x slower without the copy).
+    y = torch.bmm(w, x.t().expand(p, k, m)).permute(2, 0, 1).reshape(m, p * rows).contiguous()
+    return y if bias is None else y.add_(bias)
+
+
+def apply_weight_layout(model: nn.Module, layout: str, threads: int) -> None:
+    """Re-store the model's matmul weights in a resolved layout (see the module docstring); in place."""
+    if layout == "row":
+        return
+    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    if layout == "column":
+        for layer in model.layers:
+            attn = layer.self_attn
+            attn.qkv_weight.data = column_major(attn.qkv_weight.data)
+            attn.o_weight.data = column_major(attn.o_weight.data)
+            layer.gate_up_weight.data = column_major(layer.gate_up_weight.data)
+        model.lm_head_single_row = column_major(head.data)
+        return
+    if layout != "blocks":
+        raise ValueError(f"not a resolved weight layout: {layout!r}")
     for layer in model.layers:
         attn = layer.self_attn
-        attn.qkv_weight.data = column_major(attn.qkv_weight.data)
-        attn.o_weight.data = column_major(attn.o_weight.data)
-        layer.gate_up_weight.data = column_major(layer.gate_up_weight.data)
-    head = model.embed_tokens if model.lm_head is None else model.lm_head
-    model.lm_head_single_row = column_major(head.data)
+        for owner, name in ((attn, "qkv_weight"), (attn, "o_weight"), (layer, "gate_up_weight"),
+                            (layer, "down_weight")):
+            param = getattr(owner, name)
+            param.data = as_blocks(param.data, threads)
+        layer.linear = attn.linear = blocked_linear
+    model.linear = blocked_linear
+    model.lm_head_matmul = as_blocks(head.data, threads)  # a view: the embedding lookup keeps `head`
