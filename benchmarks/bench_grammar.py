@@ -13,7 +13,10 @@ Mask time per token = what the scheduler adds per request and step because of th
   packed: the same, forced to the packed bitmask (the CUDA layout) and unpacked on the CPU.
 The paths take turns, one per step, so each runs after the walk's own work and none after another
 path's. In the first (cold) round every step also computes all three, untimed, and compares them;
-only the second, warm round is timed. "new fill" turns time MaskBuilder.build alone (comparable
+only the second, warm round is timed (warm: the grammar's masks are built; the CPU caches hold whatever
+the walk's own work left, as they hold what a forward pass left in a server, so this is the cost a
+step sees). "old", "new" and "new fill" turns are also timed a second time right away ("repeated at
+once": caches hot, the code's own cost). "new fill" turns time MaskBuilder.build alone (comparable
 with the "bool fill" columns: fill_allowed_mask alone, timed by the walk at every step). "x16" turns
 time a batch of 16 requests (this step's matcher
 plus copies of the 15 previous steps' matchers: 16 different states, as a decode batch of concurrent
@@ -89,6 +92,7 @@ class MaskTimer:
     """Times the old, new and packed per-token mask paths (see the module docstring) on a matcher."""
 
     PATHS = ("old", "new", "packed", "old x16", "new x16", "new fill")
+    AGAIN = ("old", "new", "new fill")  # also timed a second time right away ("... again")
     BATCH = 16
 
     def __init__(self, vocab_size: int, eos: int):
@@ -105,7 +109,7 @@ class MaskTimer:
         self.work_batch = batch_logits[:, :vocab_size]
         self.pool: deque = deque(maxlen=self.BATCH - 1)  # copies of recent matchers (other states)
         self.builder = MaskBuilder()
-        self.seconds: dict[str, list[float]] = {p: [] for p in self.PATHS}
+        self.seconds: dict[str, list[float]] = {p: [] for p in (*self.PATHS, *(a + " again" for a in self.AGAIN))}
         self.record = False
         self.check = False
         self._turn = 0
@@ -123,11 +127,16 @@ class MaskTimer:
         if batch and len(self.pool) < self.BATCH - 1:
             path, batch = self.PATHS[self._turn % 3], False
         run = getattr(self, "_" + path.replace(" x16", "_batch").replace(" ", "_"))
+        arg = [matcher, *self.pool] if batch else matcher
         t0 = time.perf_counter()
-        run([matcher, *self.pool] if batch else matcher)
+        run(arg)
         elapsed = time.perf_counter() - t0
         if self.record:
             self.seconds[path].append(elapsed / (self.BATCH if batch else 1))
+            if path in self.AGAIN:  # the same call at once again: caches hot, the code's own cost
+                t0 = time.perf_counter()
+                run(arg)
+                self.seconds[path + " again"].append(time.perf_counter() - t0)
         self.pool.append(matcher.copy())
 
     def _new_fill(self, matcher):
@@ -275,6 +284,10 @@ def _print(results: list[dict], tokenizer_name: str, vocab_size: int) -> None:
         fill = [x * 1e6 for x in r["paths"]["new fill"]]
         print(f"fill alone ({r['backend']}/{r['style']}): new MaskBuilder.build p50/p90/p99 "
               + "/".join(f"{_pct(fill, f):.1f}" for f in (.5, .9, .99)) + " us (old: the bool fill columns above)")
+    for r in results:
+        again = {p: [x * 1e6 for x in r["paths"][p + " again"]] for p in MaskTimer.AGAIN}
+        print(f"repeated at once, caches hot ({r['backend']}/{r['style']}), p50/p90/p99 us: "
+              + "; ".join(f"{p} " + "/".join(f"{_pct(v, f):.1f}" for f in (.5, .9, .99)) for p, v in again.items()))
     for r in results:
         t = r["tables"]
         if t["states"]:

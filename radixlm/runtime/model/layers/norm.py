@@ -6,6 +6,7 @@ Runs inside the scheduler process.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -16,6 +17,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # torch's rms_norm does the same fp32 arithmetic in one call instead of seven (bit-identical
+            # to the lines below, tests/runtime/test_norm.py): 25 vs 45 us a call at decode, 61 calls a
+            # step for SmolLM2. Other dtypes keep transformers' order: cast, then scale in the input dtype.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
