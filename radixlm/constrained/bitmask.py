@@ -37,6 +37,8 @@ class CpuMask:
     end: int  # ids: 1 + the largest id (0 when empty); additive: n. Says when a narrower row needs a cut
     ids_np: np.ndarray | None = None  # `ids` as numpy (the scratch path indexes with numpy: ~1 us an op
     #                                   where a torch op costs 2-4 us here)
+    additive_np: np.ndarray | None = None  # `additive` as numpy (a view): numpy's add of a 49k row
+    #                                        measured 10 vs 12 us hot and 40 vs 73 us with cold caches
 
 
 def allowed_list(ids: torch.Tensor) -> CpuMask:
@@ -46,7 +48,7 @@ def allowed_list(ids: torch.Tensor) -> CpuMask:
 def additive_row(allowed_ids: torch.Tensor, size: int) -> CpuMask:
     row = torch.full((size,), _NEG_INF, dtype=torch.float32)
     row[allowed_ids] = 0.0
-    return CpuMask(None, row, size)
+    return CpuMask(None, row, size, additive_np=row.numpy())
 
 
 def num_words(width: int) -> int:
@@ -130,6 +132,10 @@ class LogitsScratch:
             row[old] = _NEG_INF
         row[ids] = source[ids]
         self._written[i] = ids
+
+    def row(self, i: int) -> np.ndarray:
+        """Row i of the buffer as numpy (a view)."""
+        return self._rows_np[i]
 
     def mark_whole(self, i: int) -> None:
         self._written[i] = self._WHOLE
@@ -230,7 +236,7 @@ def apply_grammar_mask(work: torch.Tensor, processed: torch.Tensor | None, mask:
 def _apply_into_scratch(work: torch.Tensor, mask: GrammarMask, scratch: LogitsScratch) -> torch.Tensor:
     """The CPU path without a processed copy: every row written into the reused scratch buffer."""
     rows, width = work.shape
-    buf = scratch.rows(work)
+    scratch.rows(work)  # (re)allocated for this shape
     source = work.numpy()  # a view (float32 CPU); numpy indexing costs ~1 us where a torch op costs 2-4
     for i in range(rows):
         plan = mask.cpu.get(i)
@@ -238,10 +244,11 @@ def _apply_into_scratch(work: torch.Tensor, mask: GrammarMask, scratch: LogitsSc
             ids = plan.ids_np if plan.end <= width else plan.ids_np[plan.ids_np < width]
             scratch.put_list(i, source[i], ids)
             continue
+        row = scratch.row(i)
         if plan is None:
-            buf[i].copy_(work[i])  # unconstrained, or masked from its bitmask below
+            np.copyto(row, source[i])  # unconstrained, or masked from its bitmask below
         else:
-            _add_row(buf[i], work[i], plan, width)
+            _add_row_np(row, source[i], plan, width)
         scratch.mark_whole(i)
     out = scratch.view(rows)
     _apply_bits_cpu(out, mask, width)
@@ -268,6 +275,13 @@ def _add_row(dst: torch.Tensor, src: torch.Tensor, plan: CpuMask, width: int) ->
         return
     n = min(width, plan.end)
     torch.add(src[:n], plan.additive[:n], out=dst[:n])
+    dst[n:] = _NEG_INF
+
+
+def _add_row_np(dst: np.ndarray, src: np.ndarray, plan: CpuMask, width: int) -> None:
+    """_add_row on numpy views (the scratch path)."""
+    n = min(width, plan.end)
+    np.add(src[:n], plan.additive_np[:n], out=dst[:n])
     dst[n:] = _NEG_INF
 
 
