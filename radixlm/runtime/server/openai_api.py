@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -102,8 +102,9 @@ def install_openai_routes(app: FastAPI, ctx: Any) -> None:
             events = await open_stream(request, tm, handle)
             if events is None:
                 return Response(status_code=499)
-            return StreamingResponse(_completion_stream(tm, handle, events, served, n, include_usage,
-                                                        logprobs is not None), media_type="text/event-stream")
+            render = _completion_choices(logprobs is not None)
+            return StreamingResponse(_sse_choices(tm, handle, events, "text_completion", served, n, include_usage,
+                                                  [], render), media_type="text/event-stream")
         results = await wait_results(request, tm, handle)
         if results is None:
             return Response(status_code=499)
@@ -135,7 +136,9 @@ def install_openai_routes(app: FastAPI, ctx: Any) -> None:
             events = await open_stream(request, tm, handle)
             if events is None:
                 return Response(status_code=499)
-            return StreamingResponse(_chat_stream(tm, handle, events, served, n, include_usage, logprobs),
+            opening = [_chat_choice(i, {"role": "assistant", "content": ""}) for i in range(len(handle.rids))]
+            return StreamingResponse(_sse_choices(tm, handle, events, "chat.completion.chunk", served, n,
+                                                  include_usage, opening, _chat_choices(logprobs)),
                                      media_type="text/event-stream")
         results = await wait_results(request, tm, handle)
         if results is None:
@@ -159,71 +162,62 @@ def _echo_text(tm: TokenizerManager, prepared: Any) -> str:
     return tm.tokenizer.decode(prepared.msg.input_ids)
 
 
-async def _completion_stream(tm: TokenizerManager, handle: RequestHandle, events: Events, model: str, n: int,
-                             include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
-    rid = fmt.envelope("text_completion", model, [])["id"]
+Render = Callable[[int, Any, dict[str, Any], str, int], Iterator[dict[str, Any]]]
+
+
+async def _sse_choices(tm: TokenizerManager, handle: RequestHandle, events: Events, kind: str, model: str, n: int,
+                       include_usage: bool, opening: list[dict[str, Any]], render: Render) -> AsyncIterator[bytes]:
+    """The SSE loop both /v1 streams share: the opening choices, then render(index, output, meta_info, new
+    text, length sent before) -> the choices each output adds; errors in the stream, the usage chunk and
+    [DONE] at the end; the request is aborted when the client stops reading early."""
+    rid = fmt.envelope(kind, model, [])["id"]
     sent: dict[int, str] = defaultdict(str)
     try:
+        for choice in opening:
+            yield sse(fmt.envelope(kind, model, [choice], rid))
         async for index, out in events:
             if out.payload is None:
                 continue
-            meta = out.payload["meta_info"]
             err = result_error(out.payload)
             if err is not None:
                 yield stream_error(err)
                 continue
-            delta = out.payload["text"][len(sent[index]):]
-            lp = None
-            if logprobs:
-                lp = fmt.completion_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs"),
-                                             len(sent[index]))
-            sent[index] = out.payload["text"]
-            reason, matched = fmt.finish_reason(meta) if out.finished else (None, None)
-            if delta or out.finished or (lp and lp["tokens"]):
-                choice = {"index": index, "text": delta, "logprobs": lp, "finish_reason": reason,
-                          "matched_stop": matched}
-                yield sse(fmt.envelope("text_completion", model, [choice], rid))
+            text = out.payload["text"]
+            offset = len(sent[index])
+            for choice in render(index, out, out.payload["meta_info"], text[offset:], offset):
+                yield sse(fmt.envelope(kind, model, [choice], rid))
+            sent[index] = text
         if include_usage:
             results = [handle.results[r] for r in handle.rids]
-            yield sse({**fmt.envelope("text_completion", model, [], rid), "usage": fmt.usage(results, n)})
+            yield sse({**fmt.envelope(kind, model, [], rid), "usage": fmt.usage(results, n)})
         yield SSE_DONE
     finally:
         if not handle.finished:
             tm.abort(handle)
 
 
-async def _chat_stream(tm: TokenizerManager, handle: RequestHandle, events: Events, model: str, n: int,
-                       include_usage: bool, logprobs: bool) -> AsyncIterator[bytes]:
-    rid = fmt.envelope("chat.completion.chunk", model, [])["id"]
+def _completion_choices(logprobs: bool) -> Render:
+    def render(index: int, out: Any, meta: dict[str, Any], delta: str, offset: int) -> Iterator[dict[str, Any]]:
+        lp = None
+        if logprobs:
+            lp = fmt.completion_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs"), offset)
+        reason, matched = fmt.finish_reason(meta) if out.finished else (None, None)
+        if delta or out.finished or (lp and lp["tokens"]):
+            yield {"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+    return render
 
-    def chunk(index: int, delta: dict[str, Any], reason: Any = None, matched: Any = None, lp: Any = None) -> bytes:
-        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
-        return sse(fmt.envelope("chat.completion.chunk", model, [choice], rid))
 
-    sent: dict[int, str] = defaultdict(str)
-    try:
-        for index in range(len(handle.rids)):
-            yield chunk(index, {"role": "assistant", "content": ""})
-        async for index, out in events:
-            if out.payload is None:
-                continue
-            meta = out.payload["meta_info"]
-            err = result_error(out.payload)
-            if err is not None:
-                yield stream_error(err)
-                continue
-            delta = out.payload["text"][len(sent[index]):]
-            sent[index] = out.payload["text"]
-            entries = meta.get("output_token_logprobs", [])
-            lp = fmt.chat_logprobs(entries, meta.get("output_top_logprobs")) if logprobs and entries else None
-            if delta or lp:
-                yield chunk(index, {"content": delta}, lp=lp)
-            if out.finished:
-                yield chunk(index, {}, *fmt.finish_reason(meta))
-        if include_usage:
-            results = [handle.results[r] for r in handle.rids]
-            yield sse({**fmt.envelope("chat.completion.chunk", model, [], rid), "usage": fmt.usage(results, n)})
-        yield SSE_DONE
-    finally:
-        if not handle.finished:
-            tm.abort(handle)
+def _chat_choice(index: int, delta: dict[str, Any], reason: Any = None, matched: Any = None, lp: Any = None
+                 ) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+
+
+def _chat_choices(logprobs: bool) -> Render:
+    def render(index: int, out: Any, meta: dict[str, Any], delta: str, offset: int) -> Iterator[dict[str, Any]]:
+        entries = meta.get("output_token_logprobs", [])
+        lp = fmt.chat_logprobs(entries, meta.get("output_top_logprobs")) if logprobs and entries else None
+        if delta or lp:
+            yield _chat_choice(index, {"content": delta}, lp=lp)
+        if out.finished:
+            yield _chat_choice(index, {}, *fmt.finish_reason(meta))
+    return render
