@@ -149,16 +149,21 @@ def stop_children(procs: dict[str, BaseProcess], grace_s: float = 3.0) -> None:
 
 
 def _scheduler_threads(model_config, dp_size: int = 1) -> int:
-    """Torch threads per scheduler process. The HTTP and detokenizer processes work on every token
-    too; on a small machine, OpenMP threads spinning at barriers while those run make decode several
-    times slower (measured 5x on 2 cores), so by default the schedulers leave one core to them and
-    split the rest (at least one thread each). An explicit --num-threads is per scheduler."""
+    """Torch threads per scheduler process, split between dp ranks (at least one each). An explicit
+    --num-threads is per scheduler.
+
+    The HTTP and detokenizer processes work on every token too, so on 3-8 cores the schedulers leave them
+    one. On 2 cores they do not: with one thread the scheduler loses the blocks weight layout
+    (model/weight_layout.py), and SmolLM2 served with 2 threads measured 21.0 / 24.6 vs 19.0 / 21.5 output
+    tok/s at concurrency 1 and 64.9 / 72.7 vs 53.1 / 48.4 at concurrency 8 (bench_serving.py, two rounds).
+    (Before the blocks layout, 2 threads had measured 5x slower there: a second thread spinning at
+    barriers took the core the IO processes needed, and gained nothing for single-row GEMVs.)"""
     from radixlm.runtime.model.model_runner import default_num_threads
 
     if model_config.num_threads is not None:
         return model_config.num_threads
     cores = default_num_threads()
-    usable = cores - 1 if 2 <= cores <= 8 else cores
+    usable = cores - 1 if 3 <= cores <= 8 else cores
     return max(1, usable // dp_size)
 
 
@@ -201,7 +206,7 @@ def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> i
     # Resolve once here (the default model may be downloaded and converted) so children get a plain dir.
     model_dir = str(resolve_model_path(engine_config.model.model_path))
     threads = _scheduler_threads(engine_config.model, server_config.dp_size)
-    # The schedulers already leave the IO processes a core: small steps need not leave another.
+    # The schedulers' thread count already accounts for the IO processes: small steps use all of it.
     small = engine_config.model.small_step_threads or threads
     engine_config = dataclasses.replace(engine_config, model=dataclasses.replace(
         engine_config.model, model_path=model_dir, num_threads=threads, small_step_threads=small))
