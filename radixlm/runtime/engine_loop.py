@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 
 class EngineLoop:
+    scheduler: Scheduler  # set by the loop thread once build() has returned
+
     def __init__(self, build: Callable[[], Any]):
         """build() runs first on the loop thread (see the module docstring) and returns an object with a
         `scheduler`; it is kept as `built`. Its exception, if any, is raised here."""
@@ -39,7 +41,6 @@ class EngineLoop:
                                         daemon=True)
         self._thread.start()
         self.built = started.result()
-        self.scheduler: Scheduler = self.built.scheduler
 
     def _main(self, build: Callable[[], Any], started: Future) -> None:
         try:

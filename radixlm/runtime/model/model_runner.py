@@ -64,7 +64,7 @@ def default_num_threads() -> int:
 class StepThreads:
     """Torch intra-op threads per CPU step, by its size.
 
-    With the column weight layout (weight_layout.py; one thread, or chosen), a single-row GEMV is
+    With the column weight layout (weight_layout.py: auto's choice for one thread), a single-row GEMV is
     single-threaded in MKL, so a decode step of few requests gains nothing from a second thread, while that
     OpenMP thread, spinning at barriers, takes the core that the thread consuming outputs needs (with
     other processes running it made decode up to 5x slower). Measured with the Engine on 2 cores
