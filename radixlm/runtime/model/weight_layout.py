@@ -5,7 +5,8 @@ Runs inside the scheduler process, once, after loading (not on tensor-parallel r
 Why: CPU decode is bound by how fast the weights stream from memory, and how fast torch's fp32 matmuls
 (MKL) stream them depends on the layout and on threading. Measured on the 2-core AMD EPYC (Zen 3)
 development machine, SmolLM2-135M shapes, 30 layers' worth of distinct weights (so nothing stays in
-cache), ms per pass over the layers (q/k/v, o, gate/up, down), best of several rounds:
+cache), ms per pass over the layers (q/k/v, o, gate/up, down), mean of 6 passes after a warm-up (the
+ranking held in every run made):
 
     rows (M)                      1      4     32    128
     2 threads  row-major        35.9   66.5   92.5   295
