@@ -91,7 +91,7 @@ def _walk(grammar, tokenizer, vocab_size: int, kind: str, name: str, **kw):
 class MaskTimer:
     """Times the old, new and packed per-token mask paths (see the module docstring) on a matcher."""
 
-    PATHS = ("old", "new", "packed", "old x16", "new x16", "new fill")
+    PATHS = ("old", "new", "packed", "old x16", "new x16", "new fill", "greedy", "greedy base")
     AGAIN = ("old", "new", "new fill")  # also timed a second time right away ("... again")
     BATCH = 16
 
@@ -99,12 +99,16 @@ class MaskTimer:
         import torch
 
         from radixlm.constrained.bitmask import MaskBuilder
-        from radixlm.runtime.model.sampler import Sampler
+        from radixlm.runtime.model.sampler import Sampler, SamplingRow
+        from radixlm.sampling_params import SamplingParams
 
         self.vocab_size = vocab_size
+        self.sampler = Sampler(vocab_size, frozenset({eos}))
+        self.greedy_rows = [SamplingRow(SamplingParams(temperature=0.0), [1], [], None, wants_logprob=False)]
         self.cpu = torch.device("cpu")
         logits = torch.randn(1, vocab_size + 7, generator=torch.Generator().manual_seed(0))
-        self.work = Sampler(vocab_size, frozenset({eos}))._vocab_view(logits)  # the view the sampler masks
+        self.logits = logits
+        self.work = self.sampler._vocab_view(logits)  # the view the sampler masks
         batch_logits = torch.randn(self.BATCH, vocab_size + 7, generator=torch.Generator().manual_seed(1))
         self.work_batch = batch_logits[:, :vocab_size]
         self.pool: deque = deque(maxlen=self.BATCH - 1)  # copies of recent matchers (other states)
@@ -121,6 +125,8 @@ class MaskTimer:
             old, new, packed = self._old(matcher), self._new(matcher).clone(), self._packed(matcher)
             if not (torch.equal(old, new) and torch.equal(old, packed)):
                 raise RuntimeError("the mask paths disagree")  # not an AssertionError: _walk must not hide it
+            if self._greedy(matcher) != [int(old.argmax())] and bool(torch.isfinite(old).any()):
+                raise RuntimeError("greedy under the grammar is not the masked argmax")
         self._turn += 1
         path = self.PATHS[self._turn % len(self.PATHS)]
         batch = path.endswith("x16")
@@ -138,6 +144,15 @@ class MaskTimer:
                 run(arg)
                 self.seconds[path + " again"].append(time.perf_counter() - t0)
         self.pool.append(matcher.copy())
+
+    def _greedy(self, matcher):
+        """A greedy request's whole sampler step with its grammar (what the scheduler runs per token)."""
+        mask = self.builder.build([matcher], self.logits.shape[-1], self.cpu)
+        return self.sampler(self.logits, self.greedy_rows, mask).token_ids
+
+    def _greedy_base(self, matcher):
+        """The same step without a grammar (the baseline the "greedy" turns are compared with)."""
+        return self.sampler(self.logits, self.greedy_rows).token_ids
 
     def _new_fill(self, matcher):
         return self.builder.build([matcher], self.vocab_size, self.cpu)
@@ -285,6 +300,12 @@ def _print(results: list[dict], tokenizer_name: str, vocab_size: int) -> None:
         print(f"fill alone ({r['backend']}/{r['style']}): new MaskBuilder.build p50/p90/p99 "
               + "/".join(f"{_pct(fill, f):.1f}" for f in (.5, .9, .99)) + " us (old: the bool fill columns above)")
     for r in results:
+        with_g, base = ([x * 1e6 for x in r["paths"][p]] for p in ("greedy", "greedy base"))
+        print(f"greedy sampler step, 1 request ({r['backend']}/{r['style']}), p50/p90/p99 us: with the grammar "
+              + "/".join(f"{_pct(with_g, f):.1f}" for f in (.5, .9, .99)) + " (mask build + Sampler), without "
+              + "/".join(f"{_pct(base, f):.1f}" for f in (.5, .9, .99))
+              + f"; the grammar adds {_pct(with_g, .5) - _pct(base, .5):+.1f} us at p50")
+    for r in results:
         again = {p: [x * 1e6 for x in r["paths"][p + " again"]] for p in MaskTimer.AGAIN}
         print(f"repeated at once, caches hot ({r['backend']}/{r['style']}), p50/p90/p99 us: "
               + "; ".join(f"{p} " + "/".join(f"{_pct(v, f):.1f}" for f in (.5, .9, .99)) for p, v in again.items()))
@@ -305,6 +326,83 @@ def _print(results: list[dict], tokenizer_name: str, vocab_size: int) -> None:
             print(f"unfinished walks, not judged ({tag}): {', '.join(r['unfinished'])}")
 
 
+def engine_run(num_specs: int, max_new_tokens: int) -> None:
+    """The real SmolLM2 Engine, greedy, one request at a time over the first corpus specs (twice: the
+    second pass is measured, its grammars' masks built): per token, the mask build, the sampler with the
+    grammar and (paired) the sampler on the same logits without it, and how the sampler settled each
+    constrained greedy row (id list / unmasked argmax allowed / full mask)."""
+    import torch
+
+    from radixlm.constrained import bitmask
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.model import sampler as sampler_module
+    from radixlm.runtime.scheduler.grammar import GrammarManager
+
+    outcome = {"id list": 0, "argmax allowed": 0, "full mask": 0}
+    seconds: dict[str, list[float]] = {"masks": [], "with": [], "without": []}
+
+    def counting(source, greedy, mask):
+        decided, rest = bitmask.greedy_under_grammar(source, greedy, mask)
+        for i, plan in mask.cpu.items():
+            if greedy[i] and i in decided:
+                outcome["id list" if plan.ids_np is not None else "argmax allowed"] += 1
+        outcome["argmax allowed"] += sum(1 for i in mask.bit_rows if greedy[i] and i in decided)
+        outcome["full mask"] += sum(1 for i in (*mask.cpu, *mask.bit_rows) if greedy[i] and i not in decided)
+        return decided, rest
+
+    def timed(fn, key_of):
+        def wrapper(*args):
+            t0 = time.perf_counter()
+            out = fn(*args)
+            elapsed, key = time.perf_counter() - t0, key_of(args, out)
+            if key is not None:
+                seconds[key].append(elapsed)
+            return out
+        return wrapper
+
+    call = sampler_module.Sampler.__call__
+
+    def paired(sampler, logits, rows, grammar=None):
+        """A constrained call is paired with an unconstrained one on the same logits, in alternating
+        order, so that neither always runs with the caches the other left."""
+        if grammar is None:
+            return call(sampler, logits, rows)
+        order = [(grammar, "with"), (None, "without")][:: 1 if len(seconds["with"]) % 2 else -1]
+        for mask, key in order:
+            t0 = time.perf_counter()
+            out = call(sampler, logits, rows, mask)
+            seconds[key].append(time.perf_counter() - t0)
+            if mask is not None:
+                kept = out
+        return kept
+
+    sampler_module.greedy_under_grammar = counting
+    sampler_module.Sampler.__call__ = paired
+    GrammarManager.masks = timed(GrammarManager.masks, lambda _, out: None if out is None else "masks")
+    specs = _specs()[:num_specs]
+    with Engine(None, max_total_tokens=16384) as eng:
+        prompts = [eng.tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Give one short example of {name.replace('_', ' ')}."}],
+            tokenize=False, add_generation_prompt=True) for name, _, _ in specs]
+        base = {"max_new_tokens": max_new_tokens, "temperature": 0}
+        for warm in (False, True):  # the first pass builds each grammar's mask rows (as its first request)
+            for values in seconds.values():
+                values.clear()
+            outcome.update(dict.fromkeys(outcome, 0))
+            for prompt, (_, kind, spec) in zip(prompts, specs):
+                eng.generate(prompt, {**base, kind: spec})
+    masks = [x * 1e6 for x in seconds["masks"]]
+    with_g, without = ([x * 1e6 for x in seconds[k]] for k in ("with", "without"))
+    total = max(1, sum(outcome.values()))
+    added = [masks[k] + with_g[k] - without[k] for k in range(min(len(masks), len(with_g)))]
+    q = lambda xs: "/".join(f"{_pct(xs, f):.1f}" for f in (.5, .9, .99))  # noqa: E731
+    print(f"\nreal model (SmolLM2, Engine, greedy, 1 request at a time, {len(specs)} specs, {len(with_g)} "
+          f"constrained tokens, threads {torch.get_num_threads()}), p50/p90/p99 us:")
+    print(f"GrammarManager.masks {q(masks)}; Sampler with the grammar {q(with_g)}, the same logits without it "
+          f"{q(without)}; per token the grammar adds (masks + with - without) {q(added)}")
+    print("constrained greedy rows settled by: " + ", ".join(f"{k} {v / total:.0%}" for k, v in outcome.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", default="default", help="default (SmolLM2), tiny, or a model directory")
@@ -312,6 +410,9 @@ def main() -> None:
     parser.add_argument("--soft-len", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backends", default="outlines", help="comma-separated: outlines,xgrammar")
+    parser.add_argument("--engine-specs", type=int, default=0,
+                        help="also run the real SmolLM2 Engine on this many corpus specs (0: skip)")
+    parser.add_argument("--engine-tokens", type=int, default=64, help="max_new_tokens of the --engine-specs runs")
     args = parser.parse_args()
     import torch
 
@@ -322,6 +423,8 @@ def main() -> None:
                for b in args.backends.split(",") for style in ("default", "compact")]
     _print(results, args.tokenizer, len(tokenizer))
     print(f"median compile over all: {statistics.median(sum((r['compile_s'] for r in results), [])) * 1e3:.1f} ms")
+    if args.engine_specs:
+        engine_run(args.engine_specs, args.engine_tokens)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,10 @@ class MaskBuilder:
         cpu_layouts = cpu if cpu_layouts is None else cpu_layouts and cpu
         plans: dict[int, CpuMask] = {}
         bit_rows: list[int] = []
+        if cpu_layouts and len(matchers) == 1:  # a lone request: the fewest calls (a step's caches are cold)
+            plan = None if matchers[0] is None else matchers[0].cpu_mask()
+            if plan is not None:
+                return GrammarMask(_NO_WORDS, bit_rows, {0: plan}, self._scratch)
         for i, matcher in enumerate(matchers):
             if matcher is None:
                 continue
@@ -194,6 +198,80 @@ class MaskBuilder:
 
 
 _NO_WORDS = torch.empty(0, 0, dtype=torch.int32)
+
+
+def greedy_under_grammar(source: torch.Tensor, greedy: Sequence[bool], mask: GrammarMask
+                         ) -> tuple[dict[int, int], GrammarMask | None]:
+    """The tokens of greedy rows that the grammar decides without masking their whole row, and the mask
+    of the other rows (None when no row is left). source [B, W]: the sampler's logits after the other
+    processors; greedy[i]: row i takes the argmax. CPU fp32 only (elsewhere: ({}, mask)).
+
+    The same token as the argmax of the masked row, for less work (bench_grammar.py, "greedy" turns):
+      * allowed-id list: the argmax of the allowed entries (ids are sorted, so the first maximum is the
+        masked row's first maximum): a gather of ~10 values instead of a 49k-wide write and argmax;
+      * additive row or bits: the argmax of the unmasked row, kept if the grammar allows it (then it is
+        also the masked row's first maximum). llama.cpp's grammar sampler checks the top token first for
+        the same reason. A refused token leaves the row to the full mask.
+    Rows whose allowed entries are all -inf (dead) are left to the sampler, which gives them eos."""
+    if not source.is_cpu or source.dtype != torch.float32:
+        return {}, mask
+    src, width = source.numpy(), source.shape[-1]
+    decided: dict[int, int] = {}
+    check: list[int] = []
+    for i, plan in mask.cpu.items():  # (numpy methods, not functions: a lone request is a few us)
+        if not greedy[i]:
+            continue
+        if plan.ids_np is None:
+            check.append(i)
+            continue
+        ids = plan.ids_np if plan.end <= width else plan.ids_np[plan.ids_np < width]
+        if ids.size:
+            values = src[i][ids]
+            k = values.argmax()
+            if values[k] != _NEG_INF:  # NaN counts as a maximum, as in argmax_rows
+                decided[i] = ids.item(k)
+    check += [i for i in mask.bit_rows if greedy[i]]
+    for i in check:
+        row = src[i]
+        token = int(row.argmax())
+        if row[token] != _NEG_INF and _allows(mask, i, token):
+            decided[i] = token
+    return decided, without_rows(mask, decided)
+
+
+def without_rows(mask: GrammarMask, done: dict[int, int]) -> GrammarMask | None:
+    """The mask of the rows not in `done` (None when no constrained row is left)."""
+    if not done:
+        return mask
+    cpu = {i: plan for i, plan in mask.cpu.items() if i not in done}
+    bit_rows = [i for i in mask.bit_rows if i not in done]
+    return GrammarMask(mask.bitmask, bit_rows, cpu, mask.scratch) if cpu or bit_rows else None
+
+
+def select_allowed_lists(source: torch.Tensor, wanted: Sequence[bool], mask: GrammarMask
+                         ) -> list[tuple[int, torch.Tensor, np.ndarray]]:
+    """(row, its allowed logits float32 [1, n] (a private copy), their ids [n]) for each wanted row whose
+    mask is a non-empty allowed-id list; CPU fp32 only (elsewhere: [])."""
+    if not source.is_cpu or source.dtype != torch.float32:
+        return []
+    src, width = source.numpy(), source.shape[-1]
+    out = []
+    for i, plan in mask.cpu.items():
+        if wanted[i] and plan.ids_np is not None:
+            ids = plan.ids_np if plan.end <= width else plan.ids_np[plan.ids_np < width]
+            if ids.size:
+                out.append((i, torch.from_numpy(src[i][ids]).unsqueeze(0), ids))
+    return out
+
+
+def _allows(mask: GrammarMask, row: int, token: int) -> bool:
+    plan = mask.cpu.get(row)
+    if plan is None:  # a bit row
+        word = int(mask.bitmask.numpy()[row, token >> 5])  # int32: Python's >> keeps the sign bit right
+        return bool((word >> (token & 31)) & 1)
+    if plan.ids_np is not None:
+        return token < plan.end and bool(np.isin(token, plan.ids_np))
+    return token < plan.end and plan.additive_np[token] == 0.0
 
 
 def apply_grammar_mask(work: torch.Tensor, processed: torch.Tensor | None, mask: GrammarMask) -> torch.Tensor:

@@ -239,6 +239,92 @@ def test_sampler_with_grammar_mask(backends, byte_tokenizer, model_vocab_size):
     assert dead.token_ids[0] == eos and dead.token_ids[1] == int(logits[0].argmax())
 
 
+def _masked_argmax(logits: torch.Tensor, allowed: torch.Tensor) -> int:
+    width = logits.shape[-1]
+    return int(logits.masked_fill(~allowed[:width], float("-inf")).argmax())
+
+
+@pytest.mark.parametrize("width", [70, 96])
+def test_greedy_under_grammar_picks_the_masked_argmax(width, monkeypatch):
+    """Greedy rows the grammar decides (id lists: argmax of the allowed entries; additive rows and bits:
+    the unmasked argmax if allowed) get the masked row's argmax; refused, dead and sampled rows take the
+    full mask path. Covers ties, NaN, model padding and mixes of decided and undecided rows."""
+    from radixlm.constrained import bitmask
+
+    calls = []
+    real_apply = bitmask.apply_grammar_mask
+    monkeypatch.setattr("radixlm.runtime.model.sampler.apply_grammar_mask",
+                        lambda *a: calls.append(a[2]) or real_apply(*a))
+    limit = width - 6
+    sampler = Sampler(limit, frozenset({0}))
+    builder = MaskBuilder()
+    gen = torch.Generator().manual_seed(width)
+    for step in range(40):
+        few, most, nothing = _masks(width, limit, seed=step)
+        logits = torch.randn(6, width, generator=gen)
+        logits[:, 7] = logits[:, 3] = logits.amax(dim=-1) + 1  # a tie at the top: the first one wins
+        layouts = [["ids", "add", None][(step + k) % 3] for k in range(6)]
+        allowed = [few, most, most.clone(), few, nothing if step % 4 == 0 else most, most]
+        if step % 5 == 0:  # a NaN logit at an allowed token (a broken model): it counts as the maximum
+            logits[2, 11], allowed[2][11] = float("nan"), True
+        if step % 2:
+            allowed[1] = allowed[1].clone()
+            allowed[1][3] = True  # the unmasked argmax is allowed: decided without the full mask
+        matchers = [_Fixed(a, layout) for a, layout in zip(allowed, layouts)]
+        greedy = SamplingParams(temperature=0.0, repetition_penalty=1.3 if step % 3 == 0 else 1.0)
+        rows = [SamplingRow(greedy, [5, 9], [3], None) for _ in range(5)]
+        rows.append(SamplingRow(SamplingParams(temperature=1.0), [1], [], None))  # sampled
+        for batch in (slice(0, 1), slice(0, 5), slice(0, 6)):
+            calls.clear()
+            got = sampler(logits[batch], rows[batch], builder.build(matchers[batch], width, CPU)).token_ids
+            processed = sampler.processed_logits(logits[batch], rows[batch])
+            for i, token in enumerate(got):
+                if i < 5:
+                    want = _masked_argmax(processed[i], allowed[i]) if bool(allowed[i][:limit].any()) else 0
+                    if step % 5 == 0 and i == 2:
+                        want = 11
+                    assert token == want, (step, i, layouts[i])
+                else:
+                    assert bool(allowed[i][token]), step
+            if batch.stop == 1 and layouts[0] == "ids":
+                assert calls == []  # decided from its id list: no row was masked
+
+
+@pytest.mark.parametrize("layout", ["ids", "add"])
+def test_sampled_rows_under_a_grammar_follow_the_masked_distribution(layout):
+    """Sampled rows with an id-list mask draw from their allowed logits alone; the full-row path (additive
+    row) and it must both give the masked, temperature-scaled, top-p-filtered distribution."""
+    width, n = 96, 4000
+    allowed = torch.zeros(width, dtype=torch.bool)
+    ids = [4, 17, 30, 55, 71, 90]
+    allowed[ids] = True
+    logits = torch.randn(1, width, generator=torch.Generator().manual_seed(5)) + 3.0  # blocked tokens likely
+    logits[0, ids] = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    probs = torch.softmax(logits[0, ids] / 0.8, dim=-1)
+    keep = (torch.cumsum(probs, 0) - probs) < 0.9  # top-p: the smallest head reaching 0.9
+    expected = torch.where(keep, probs, 0.0) / probs[keep].sum()
+    torch.manual_seed(0)
+    rows = [SamplingRow(params, [1], [], None, wants_logprob=False)] * n
+    mask = MaskBuilder().build([_Fixed(allowed, layout)] * n, width, CPU)
+    out = Sampler(width, frozenset({0}))(logits.expand(n, -1), rows, mask).token_ids
+    counts = torch.tensor([out.count(t) for t in ids], dtype=torch.float32)
+    assert sum(counts) == n  # nothing outside the mask
+    torch.testing.assert_close(counts / n, expected, atol=0.025, rtol=0)
+
+
+def test_logprobs_only_for_rows_that_want_them():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=0.0)
+    rows = [SamplingRow(params, [1], [], None, wants_logprob=w) for w in (False, True, False)]
+    out = Sampler(50, frozenset({0}))(logits, rows)
+    want = torch.log_softmax(logits, dim=-1)[1, out.token_ids[1]]
+    assert out.logprobs[0] is None and out.logprobs[2] is None
+    assert out.logprobs[1] == pytest.approx(float(want), abs=1e-6)
+    none = Sampler(50, frozenset({0}))(logits, [rows[0]] * 3)
+    assert none.logprobs == [None] * 3 and none.token_ids == logits.argmax(dim=-1).tolist()
+
+
 def test_device_layout_through_the_kernel_reference(backends, byte_tokenizer, model_vocab_size):
     """What the CUDA path hands the Triton kernel (the whole batch's bitmask, unconstrained rows all
     ones) gives the same logits as the bool masks, via the kernel's torch reference."""

@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from radixlm.constrained.bitmask import GrammarMask
 from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop
 from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.model import logprobs as lp
@@ -27,6 +28,11 @@ class LogitsPlan:
     sample: list[tuple[int, int]] = field(default_factory=list)  # (row index, logits row)
     # (row index, first prompt position p, number of positions): logits rows for input logprobs
     prompt: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, p0, count, logits row0)
+    # The sampled rows' grammar masks, `mask_width` logits wide, built BEFORE the forward: the matchers'
+    # states are known then, the caches still hold them (after a forward on the CPU the same build
+    # measured several times slower), and on a GPU the build overlaps the queued forward.
+    masks: GrammarMask | None = None
+    mask_width: int = 0
 
 
 class OutputProcessor:
@@ -57,6 +63,10 @@ class OutputProcessor:
                 plan.sample.append((i, len(indices)))
                 indices.append(batch.token_index(i, row.end - 1))
         plan.indices = torch.tensor(indices, dtype=torch.int64)
+        if plan.sample:
+            plan.mask_width = self.sampler.vocab_size
+            plan.masks = self.grammar.masks([batch.rows[i].req for i, _ in plan.sample], plan.mask_width,
+                                            batch.input_ids.device)
         return plan
 
     # ---- after the forward ------------------------------------------------------------------------
@@ -67,7 +77,9 @@ class OutputProcessor:
         if plan.sample:
             reqs = [batch.rows[i].req for i, _ in plan.sample]
             rows_logits = logits[[r for _, r in plan.sample]]
-            masks = self.grammar.masks(reqs, rows_logits.shape[-1], logits.device)
+            masks = plan.masks
+            if masks is not None and rows_logits.shape[-1] != plan.mask_width:  # logits of another width
+                masks = self.grammar.masks(reqs, rows_logits.shape[-1], logits.device)
             sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs], masks)
             self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
             for (i, _), req, tok in zip(plan.sample, reqs, sampled.token_ids):
@@ -97,7 +109,8 @@ class OutputProcessor:
         return outputs, finished
 
     def _sampling_row(self, req: Req) -> SamplingRow:
-        return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator)
+        return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator,
+                           wants_logprob=req.logprob.return_logprob)
 
     def _jump_forward(self, req: Req) -> int:
         """Append the grammar's forced text (as tokens to run in the next extend step); returns how many
