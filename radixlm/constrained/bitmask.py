@@ -224,7 +224,7 @@ def greedy_under_grammar(source: torch.Tensor, greedy: Sequence[bool], mask: Gra
         if plan.ids_np is None:
             check.append(i)
             continue
-        ids = plan.ids_np if plan.end <= width else plan.ids_np[plan.ids_np < width]
+        ids = _ids_within(plan, width)
         if ids.size:
             values = src[i][ids]
             k = values.argmax()
@@ -258,7 +258,7 @@ def select_allowed_lists(source: torch.Tensor, wanted: Sequence[bool], mask: Gra
     out = []
     for i, plan in mask.cpu.items():
         if wanted[i] and plan.ids_np is not None:
-            ids = plan.ids_np if plan.end <= width else plan.ids_np[plan.ids_np < width]
+            ids = _ids_within(plan, width)
             if ids.size:
                 out.append((i, torch.from_numpy(src[i][ids]).unsqueeze(0), ids))
     return out
@@ -269,9 +269,7 @@ def _allows(mask: GrammarMask, row: int, token: int) -> bool:
     if plan is None:  # a bit row
         word = int(mask.bitmask.numpy()[row, token >> 5])  # int32: Python's >> keeps the sign bit right
         return bool((word >> (token & 31)) & 1)
-    if plan.ids_np is not None:
-        return token < plan.end and bool(np.isin(token, plan.ids_np))
-    return token < plan.end and plan.additive_np[token] == 0.0
+    return token < plan.end and plan.additive_np[token] == 0.0  # (id-list rows never get here)
 
 
 def apply_grammar_mask(work: torch.Tensor, processed: torch.Tensor | None, mask: GrammarMask) -> torch.Tensor:
@@ -318,7 +316,7 @@ def _apply_into_scratch(work: torch.Tensor, mask: GrammarMask, scratch: LogitsSc
     for i in range(rows):
         plan = mask.cpu.get(i)
         if plan is not None and plan.ids_np is not None:
-            ids = plan.ids_np if plan.end <= width else plan.ids_np[plan.ids_np < width]
+            ids = _ids_within(plan, width)
             scratch.put_list(i, source[i], ids)
             continue
         row = scratch.row(i)
@@ -337,6 +335,11 @@ def _apply_bits_cpu(out: torch.Tensor, mask: GrammarMask, width: int) -> None:
         blocked = unpack_blocked(mask.bitmask[mask.bit_rows], width)
         for k, i in enumerate(mask.bit_rows):
             out[i].masked_fill_(blocked[k], _NEG_INF)
+
+
+def _ids_within(plan: CpuMask, width: int) -> np.ndarray:
+    """The plan's allowed ids (numpy) below `width` (a narrower logits row cuts the mask)."""
+    return plan.ids_np if plan.end <= width else plan.ids_np[plan.ids_np < width]
 
 
 def _flat(plan: CpuMask, row: int, width: int) -> torch.Tensor:
