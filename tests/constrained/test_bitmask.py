@@ -313,6 +313,29 @@ def test_sampled_rows_under_a_grammar_follow_the_masked_distribution(layout):
     torch.testing.assert_close(counts / n, expected, atol=0.025, rtol=0)
 
 
+def test_a_seeded_row_settled_by_its_allowed_list_ignores_its_batch():
+    """A seeded sampled row drawn from its allowed list gives the same tokens alone and next to rows that
+    take the full path (its generator advances once a step either way)."""
+    from radixlm.runtime.model.sampler import make_generator
+
+    width = 96
+    few, most, _ = _masks(width, width - 6, seed=3)
+    sampler, gen = Sampler(width, frozenset({0})), torch.Generator().manual_seed(4)
+    lone = SamplingRow(SamplingParams(temperature=1.0, sampling_seed=11), [1], [], make_generator(11))
+    batched = SamplingRow(SamplingParams(temperature=1.0, sampling_seed=11), [1], [], make_generator(11))
+    others = [SamplingRow(SamplingParams(temperature=0.7, sampling_seed=5), [1], [], make_generator(5)),
+              SamplingRow(SamplingParams(temperature=0.0), [1], [], None)]
+    blocked_top = most.clone()
+    for _ in range(12):
+        logits = torch.randn(3, width, generator=gen) * 3
+        blocked_top[int(logits[2].argmax())] = False  # the greedy row's argmax is refused: full mask
+        mask = MaskBuilder().build([_Fixed(few, "ids"), None, _Fixed(blocked_top, "add")], width, CPU)
+        both = sampler(logits, [batched, *others], mask).token_ids
+        alone = sampler(logits[:1], [lone], MaskBuilder().build([_Fixed(few, "ids")], width, CPU)).token_ids
+        assert both[0] == alone[0] and bool(few[both[0]])
+        assert both[2] == _masked_argmax(logits[2], blocked_top)
+
+
 def test_logprobs_only_for_rows_that_want_them():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     params = SamplingParams(temperature=0.0)

@@ -13,9 +13,11 @@ set runs past them). Sampling is inverse-CDF with ONE uniform per row (per-token
 depends only on its own logits, so its tokens depend only on its seed and logits, never on its batch
 neighbours; unseeded rows share one draw from the global RNG.
 
-Greedy rows under a grammar skip the full-row mask where they can (constrained/bitmask.py,
-`greedy_under_grammar`): an allowed-id list takes the argmax of its few allowed entries; an additive
-row or bitmask keeps the unmasked argmax when the grammar allows it. Both are the masked row's argmax.
+Rows under a grammar skip the full-row mask where they can (constrained/bitmask.py,
+`greedy_under_grammar`, and `_sample_allowed_lists` here): a greedy row with an allowed-id list takes the
+argmax of its few allowed entries, one with an additive row or bitmask keeps the unmasked argmax when
+the grammar allows it (both are the masked row's argmax); a sampled row with an allowed-id list samples
+from its allowed logits alone (the masked row's distribution). Only the other rows are masked.
 
 Columns at or past `vocab_size` (padding of the model's embedding matrix) are never sampled. The
 returned logprobs are log_softmax over the full RAW logits row (all columns, before any processing),
@@ -216,19 +218,26 @@ class Sampler:
             if grammar is not None and not all(greedy):
                 grammar = self._sample_allowed_lists(work if processed is None else processed, rows, grammar,
                                                      decided)
-        if len(decided) == len(rows):
+        if grammar is not None:  # masking last: -inf stays -inf under every processor
+            processed = apply_grammar_mask(work, processed, grammar)
+        source = work if processed is None else processed
+        if not decided:
+            token_ids = self._pick(source, rows, processed is not None).tolist()
+        elif len(decided) == len(rows):
             token_ids = [decided[i] for i in range(len(rows))]  # no tensor: a torch call costs us here
-        else:
-            if grammar is not None:  # masking last: -inf stays -inf under every processor
-                processed = apply_grammar_mask(work, processed, grammar)
-            if processed is None and all(row.params.is_greedy for row in rows):
-                chosen = argmax_rows(work)  # fast path: one reduction, no [B, V] copy
-            else:
-                chosen = self._choose(work if processed is None else processed, rows, processed is not None)
-            token_ids = chosen.tolist()
-            for i, token in decided.items():  # rows the grammar decided went through unmasked: overwrite
+        else:  # only the rows left: a decided sampled row must not draw again (its seed's sequence)
+            rest = [i for i in range(len(rows)) if i not in decided]
+            index = torch.tensor(rest, dtype=torch.long, device=source.device)
+            chosen = self._pick(source.index_select(0, index), [rows[i] for i in rest], processed is not None)
+            token_ids = [0] * len(rows)
+            for i, token in (*zip(rest, chosen.tolist()), *decided.items()):
                 token_ids[i] = token
         return SampleOutput(token_ids=token_ids, logprobs=self._logprobs(logits, token_ids, rows))
+
+    def _pick(self, source: torch.Tensor, rows: list[SamplingRow], processed: bool) -> torch.Tensor:
+        if not processed and all(row.params.is_greedy for row in rows):
+            return argmax_rows(source)  # fast path: one reduction, no [B, V] copy
+        return self._choose(source, rows, processed)
 
     def _sample_allowed_lists(self, source: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMask,
                               decided: dict[int, int]) -> GrammarMask | None:
