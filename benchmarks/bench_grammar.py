@@ -326,11 +326,14 @@ def _print(results: list[dict], tokenizer_name: str, vocab_size: int) -> None:
             print(f"unfinished walks, not judged ({tag}): {', '.join(r['unfinished'])}")
 
 
+ENGINE_MODES = {"greedy": {"temperature": 0.0}, "sampled (T 0.7, top_p 0.95)": {"temperature": 0.7, "top_p": 0.95}}
+
+
 def engine_run(num_specs: int, max_new_tokens: int) -> None:
-    """The real SmolLM2 Engine, greedy, one request at a time over the first corpus specs (twice: the
-    second pass is measured, its grammars' masks built): per token, the mask build, the sampler with the
-    grammar and (paired) the sampler on the same logits without it, and how the sampler settled each
-    constrained greedy row (id list / unmasked argmax allowed / full mask)."""
+    """The real SmolLM2 Engine, one request at a time over the first corpus specs, greedy and sampled (each
+    twice: the second pass is measured, its grammars' masks built): per token, the mask build, the
+    sampler with the grammar and (paired) the sampler on the same logits without it, and how the sampler
+    settled each constrained row (id list / unmasked argmax allowed / full mask)."""
     import torch
 
     from radixlm.constrained import bitmask
@@ -338,17 +341,30 @@ def engine_run(num_specs: int, max_new_tokens: int) -> None:
     from radixlm.runtime.model import sampler as sampler_module
     from radixlm.runtime.scheduler.grammar import GrammarManager
 
-    outcome = {"id list": 0, "argmax allowed": 0, "full mask": 0}
+    outcome: dict[str, int] = {}
     seconds: dict[str, list[float]] = {"masks": [], "with": [], "without": []}
 
-    def counting(source, greedy, mask):
+    def count(key: str, n: int = 1) -> None:
+        outcome[key] = outcome.get(key, 0) + n
+
+    def counting_greedy(source, greedy, mask):
         decided, rest = bitmask.greedy_under_grammar(source, greedy, mask)
-        for i, plan in mask.cpu.items():
-            if greedy[i] and i in decided:
-                outcome["id list" if plan.ids_np is not None else "argmax allowed"] += 1
-        outcome["argmax allowed"] += sum(1 for i in mask.bit_rows if greedy[i] and i in decided)
-        outcome["full mask"] += sum(1 for i in (*mask.cpu, *mask.bit_rows) if greedy[i] and i not in decided)
+        for i in (*mask.cpu, *mask.bit_rows):
+            if greedy[i]:
+                plan = mask.cpu.get(i)
+                kind = "id list" if plan is not None and plan.ids_np is not None else "argmax allowed"
+                count(kind if i in decided else "full mask")
         return decided, rest
+
+    sample_lists = sampler_module.Sampler._sample_allowed_lists
+
+    def counting_sampled(sampler, source, rows, grammar, decided):
+        before = len(decided)
+        rest = sample_lists(sampler, source, rows, grammar, decided)
+        count("id list", len(decided) - before)
+        count("full mask", sum(1 for i in (*grammar.cpu, *grammar.bit_rows)
+                               if not rows[i].params.is_greedy and i not in decided))
+        return rest
 
     def timed(fn, key_of):
         def wrapper(*args):
@@ -376,31 +392,32 @@ def engine_run(num_specs: int, max_new_tokens: int) -> None:
                 kept = out
         return kept
 
-    sampler_module.greedy_under_grammar = counting
+    sampler_module.greedy_under_grammar = counting_greedy
+    sampler_module.Sampler._sample_allowed_lists = counting_sampled
     sampler_module.Sampler.__call__ = paired
     GrammarManager.masks = timed(GrammarManager.masks, lambda _, out: None if out is None else "masks")
     specs = _specs()[:num_specs]
+    q = lambda xs: "/".join(f"{_pct(xs, f):.1f}" for f in (.5, .9, .99))  # noqa: E731
     with Engine(None, max_total_tokens=16384) as eng:
         prompts = [eng.tokenizer.apply_chat_template(
             [{"role": "user", "content": f"Give one short example of {name.replace('_', ' ')}."}],
             tokenize=False, add_generation_prompt=True) for name, _, _ in specs]
-        base = {"max_new_tokens": max_new_tokens, "temperature": 0}
-        for warm in (False, True):  # the first pass builds each grammar's mask rows (as its first request)
-            for values in seconds.values():
-                values.clear()
-            outcome.update(dict.fromkeys(outcome, 0))
-            for prompt, (_, kind, spec) in zip(prompts, specs):
-                eng.generate(prompt, {**base, kind: spec})
-    masks = [x * 1e6 for x in seconds["masks"]]
-    with_g, without = ([x * 1e6 for x in seconds[k]] for k in ("with", "without"))
-    total = max(1, sum(outcome.values()))
-    added = [masks[k] + with_g[k] - without[k] for k in range(min(len(masks), len(with_g)))]
-    q = lambda xs: "/".join(f"{_pct(xs, f):.1f}" for f in (.5, .9, .99))  # noqa: E731
-    print(f"\nreal model (SmolLM2, Engine, greedy, 1 request at a time, {len(specs)} specs, {len(with_g)} "
-          f"constrained tokens, threads {torch.get_num_threads()}), p50/p90/p99 us:")
-    print(f"GrammarManager.masks {q(masks)}; Sampler with the grammar {q(with_g)}, the same logits without it "
-          f"{q(without)}; per token the grammar adds (masks + with - without) {q(added)}")
-    print("constrained greedy rows settled by: " + ", ".join(f"{k} {v / total:.0%}" for k, v in outcome.items()))
+        for mode, params in ENGINE_MODES.items():
+            for _ in range(2):  # the first pass builds each grammar's mask rows (as its first request)
+                for values in seconds.values():
+                    values.clear()
+                outcome.clear()
+                for prompt, (_, kind, spec) in zip(prompts, specs):
+                    eng.generate(prompt, {"max_new_tokens": max_new_tokens, **params, kind: spec})
+            masks = [x * 1e6 for x in seconds["masks"]]
+            with_g, without = ([x * 1e6 for x in seconds[k]] for k in ("with", "without"))
+            added = [masks[k] + with_g[k] - without[k] for k in range(min(len(masks), len(with_g)))]
+            total = max(1, sum(outcome.values()))
+            print(f"\nreal model (SmolLM2, Engine, {mode}, 1 request at a time, {len(specs)} specs, "
+                  f"{len(with_g)} constrained tokens, threads {torch.get_num_threads()}), p50/p90/p99 us:")
+            print(f"GrammarManager.masks {q(masks)}; Sampler with the grammar {q(with_g)}, the same logits "
+                  f"without it {q(without)}; per token the grammar adds (masks + with - without) {q(added)}")
+            print("constrained rows settled by: " + ", ".join(f"{k} {v / total:.0%}" for k, v in outcome.items()))
 
 
 def main() -> None:

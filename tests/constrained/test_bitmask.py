@@ -336,6 +336,19 @@ def test_a_seeded_row_settled_by_its_allowed_list_ignores_its_batch():
         assert both[2] == _masked_argmax(logits[2], blocked_top)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7, top_p=0.95), SamplingParams(temperature=1.0, top_k=5),
+                                    SamplingParams(temperature=0.5, min_p=0.1)])
+def test_one_allowed_token_under_every_filter(params):
+    """An allowed list of one token leaves the sampler a [1, 1] row: every filter must cope."""
+    width = 64
+    only = torch.zeros(width, dtype=torch.bool)
+    only[9] = True
+    logits = torch.randn(2, width, generator=torch.Generator().manual_seed(2))
+    rows = [SamplingRow(params, [1], [], None)] * 2
+    mask = MaskBuilder().build([_Fixed(only, "ids"), _Fixed(only, "add")], width, CPU)
+    assert Sampler(width, frozenset({0}))(logits, rows, mask).token_ids == [9, 9]
+
+
 def test_logprobs_only_for_rows_that_want_them():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     params = SamplingParams(temperature=0.0)

@@ -156,7 +156,9 @@ def _top_values(x: torch.Tensor, count: int) -> torch.Tensor:
     array = x.detach().numpy()
     if count < width:
         array = np.partition(array, width - count, axis=-1)[:, width - count:]
-    return torch.from_numpy(np.ascontiguousarray(np.sort(array, axis=-1)[:, ::-1]))
+    # .copy(), not ascontiguousarray: a [F, 1] reversed view counts as contiguous and keeps its negative
+    # stride, which torch refuses (a one-token allowed list with top_p hit it).
+    return torch.from_numpy(np.sort(array, axis=-1)[:, ::-1].copy())
 
 
 def _uses_filter(params: SamplingParams, width: int) -> bool:
