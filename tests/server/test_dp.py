@@ -150,8 +150,13 @@ def test_abort_by_rid_abort_all_and_flush(dp_server):
             time.sleep(0.05)
         running = [r["num_running_reqs"] for r in c.get("/get_server_info").json()["dp_ranks"]]
         assert c.post("/abort_request", json={"abort_all": True}).status_code == 200
-        results = [f.result() for f in futures]
-        assert all(r.json()["meta_info"]["finish_reason"]["type"] == "abort" for r in results)
+        results = [f.result().json()["meta_info"] for f in futures]
+        # 400 tokens take about a second on the tiny model, and a loaded 2-core CI machine can stall this
+        # thread that long between the count above and the abort: a request may end by length just before
+        # abort_all lands (seen once in CI). abort_all must end every request still running.
+        kinds = [m["finish_reason"]["type"] for m in results]
+        assert "abort" in kinds, results
+        assert all(k == "abort" or (k == "length" and m["completion_tokens"] == 400) for k, m in zip(kinds, results))
         assert running == [1, 1], running
         assert c.post("/flush_cache").status_code == 200
         info = c.get("/get_server_info").json()
