@@ -161,6 +161,17 @@ def _top_values(x: torch.Tensor, count: int) -> torch.Tensor:
     return torch.from_numpy(np.sort(array, axis=-1)[:, ::-1].copy())
 
 
+def _zero_below(weights: torch.Tensor, logits: torch.Tensor, threshold: torch.Tensor) -> None:
+    """weights := 0 where logits < threshold (the filters' cut), in place. On the CPU as a numpy multiply
+    by the kept mask: torch's bool compare + masked_fill_ over [32, 49k] took 4.5 ms here, this ~1 ms
+    (weights are finite, so w * 1 == w and w * 0 == 0 exactly)."""
+    if weights.is_cpu and weights.dtype == logits.dtype == torch.float32 and weights.is_contiguous():
+        w = weights.numpy()
+        np.multiply(w, logits.numpy() >= threshold.numpy(), out=w)
+    else:
+        weights.masked_fill_(logits < threshold, 0.0)
+
+
 def _uses_filter(params: SamplingParams, width: int) -> bool:
     return 1 < params.top_k < width or params.top_p < 1.0 or params.min_p > 0.0
 
@@ -322,7 +333,7 @@ class Sampler:
         if filtered:
             log_norm = row_max + weights.sum(dim=-1, keepdim=True).log()  # logsumexp, reusing weights
             threshold = self._thresholds(logits[:, :width], rows, filtered, log_norm)
-            weights.masked_fill_(logits < threshold, 0.0)
+            _zero_below(weights, logits, threshold)
         return inverse_cdf_sample(weights, self._uniforms(rows, device), num_blocks)
 
     @staticmethod
