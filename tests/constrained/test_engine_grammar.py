@@ -35,6 +35,22 @@ def test_regex_outputs_always_match(engine, temperature):
     engine.check_integrity()
 
 
+def test_seeded_constrained_sampling_ignores_the_batch(engine):
+    """A seeded, sampled, constrained request (its rows settled from allowed-id lists) gives the same
+    tokens alone and next to other rows (free, greedy-constrained, unseeded constrained): its draws depend
+    only on its seed."""
+    mine = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.9, "sampling_seed": 42,
+            "regex": BOUNDED_REGEXES["email"]}
+    alone = engine.generate("Answer:", mine)["output_ids"]
+    others = [{"max_new_tokens": 32, "temperature": 0.8, "sampling_seed": 3},
+              {"max_new_tokens": 32, "temperature": 0.0, "regex": BOUNDED_REGEXES["unicode_words"]},
+              {"max_new_tokens": 32, "temperature": 1.0, "regex": "[a-z ]{4,40}"}]  # unseeded: global draws
+    batch = engine.generate(["Answer:", "Other:", "Words:", "Text:"], [mine, *others])
+    assert batch[0]["output_ids"] == alone
+    assert re.fullmatch(BOUNDED_REGEXES["email"], batch[0]["text"])
+    engine.check_integrity()
+
+
 def test_choices_pick_one_of_them(engine):
     choices = ["red", "green", "blue sky", "blue"]
     for seed in range(4):
