@@ -420,6 +420,83 @@ def engine_run(num_specs: int, max_new_tokens: int) -> None:
             print("constrained rows settled by: " + ", ".join(f"{k} {v / total:.0%}" for k, v in outcome.items()))
 
 
+def e2e_side(jump_forward: bool, max_new_tokens: int, compact: bool) -> None:
+    """Worker process (--e2e-side): every corpus JSON schema on the real SmolLM2 Engine, greedy, jump-forward
+    on or off, one request at a time ("sequential") and all at once ("batch"); prints one JSON line per
+    mode (tokens, seconds, forward steps, valid, cut by length)."""
+    from radixlm.runtime.engine import Engine
+    from tests.constrained.corpus.schemas import SCHEMAS, check_output
+
+    names = sorted(SCHEMAS)
+    with Engine(None, max_total_tokens=32768, disable_jump_forward=not jump_forward,
+                constrained_json_whitespace_pattern="" if compact else None) as eng:
+        prompts = [eng.tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Give one short example of {n.replace('_', ' ')} as JSON."}],
+            tokenize=False, add_generation_prompt=True) for n in names]
+        params = [{"max_new_tokens": max_new_tokens, "temperature": 0, "repetition_penalty": 1.3,
+                   "json_schema": json.dumps(SCHEMAS[n])} for n in names]
+        eng.generate(prompts, [{**p, "max_new_tokens": 1} for p in params])  # compiles (and caches) every
+        for mode in ("sequential", "batch"):  # grammar, so the timed runs measure decoding
+            eng.flush_cache()  # the radix cache starts empty
+            steps = eng.scheduler.num_forward_steps
+            t0 = time.perf_counter()
+            if mode == "batch":
+                results = eng.generate(prompts, params)
+            else:
+                results = [eng.generate(p, q) for p, q in zip(prompts, params)]
+            seconds = time.perf_counter() - t0
+            steps = eng.scheduler.num_forward_steps - steps
+            valid = cut = 0
+            for name, r in zip(names, results):
+                if r["meta_info"]["finish_reason"]["type"] == "length":
+                    cut += 1
+                    continue
+                try:
+                    check_output("json_schema", name, r["text"])
+                    valid += 1
+                except (AssertionError, ValueError):
+                    pass
+            tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
+            print(json.dumps({"mode": mode, "requests": len(names), "tokens": tokens, "seconds": seconds,
+                              "steps": steps, "valid": valid, "cut": cut}))
+
+
+def e2e_run(max_new_tokens: int, repeats: int, styles: list[str]) -> None:
+    """End-to-end JSON decode throughput with jump-forward on vs off, per whitespace style; each side in its
+    own process (one OpenMP pool per process), the sides alternating per repeat."""
+    import subprocess
+
+    for style in styles:
+        rows: dict[tuple[str, bool], list[dict]] = {}
+        for _ in range(repeats):
+            for jump in (True, False):
+                cmd = [sys.executable, __file__, "--e2e-side", "on" if jump else "off",
+                       "--engine-tokens", str(max_new_tokens), "--e2e-styles", style]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                for line in out.strip().splitlines():
+                    if line.startswith("{"):
+                        row = json.loads(line)
+                        rows.setdefault((row["mode"], jump), []).append(row)
+        first = next(iter(rows.values()))[0]
+        print(f"\nend-to-end JSON decode, {style} whitespace (SmolLM2 Engine, the {first['requests']} corpus "
+              f"schemas, greedy, repetition_penalty 1.3, max_new_tokens {max_new_tokens}, {repeats} repeats, median):")
+        # The outputs differ (a jump re-tokenizes), so the wall time of the same requests is the fair
+        # comparison; tok/s counts each side's own output tokens.
+        print("requests | jump-forward | seconds | forward steps | output tokens | output tok/s | valid / cut by "
+              "length | off/on seconds")
+        print("--- | --- | --- | --- | --- | --- | --- | ---")
+        for mode in ("sequential", "batch"):
+            secs = {}
+            for jump in (True, False):
+                r = rows[(mode, jump)]
+                secs[jump] = statistics.median(x["seconds"] for x in r)
+                ratio = f"{secs[False] / secs[True]:.2f}x" if not jump else ""
+                print(f"{mode} | {'on' if jump else 'off'} | {secs[jump]:.1f} | "
+                      f"{statistics.median(x['steps'] for x in r):.0f} | {statistics.median(x['tokens'] for x in r):.0f} | "
+                      f"{statistics.median(x['tokens'] / x['seconds'] for x in r):.1f} | "
+                      f"{r[-1]['valid']} / {r[-1]['cut']} | {ratio}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", default="default", help="default (SmolLM2), tiny, or a model directory")
@@ -430,7 +507,14 @@ def main() -> None:
     parser.add_argument("--engine-specs", type=int, default=0,
                         help="also run the real SmolLM2 Engine on this many corpus specs (0: skip)")
     parser.add_argument("--engine-tokens", type=int, default=64, help="max_new_tokens of the --engine-specs runs")
+    parser.add_argument("--e2e", type=int, default=0, metavar="REPEATS",
+                        help="also measure end-to-end JSON decode throughput, jump-forward on vs off (0: skip)")
+    parser.add_argument("--e2e-styles", default="default,compact", help="JSON whitespace styles of --e2e")
+    parser.add_argument("--e2e-side", choices=("on", "off"), help=argparse.SUPPRESS)  # internal: a worker
     args = parser.parse_args()
+    if args.e2e_side is not None:
+        e2e_side(args.e2e_side == "on", args.engine_tokens, args.e2e_styles == "compact")
+        return
     import torch
 
     torch.set_num_threads(args.threads)
@@ -442,6 +526,8 @@ def main() -> None:
     print(f"median compile over all: {statistics.median(sum((r['compile_s'] for r in results), [])) * 1e3:.1f} ms")
     if args.engine_specs:
         engine_run(args.engine_specs, args.engine_tokens)
+    if args.e2e:
+        e2e_run(args.engine_tokens, args.e2e, args.e2e_styles.split(","))
 
 
 if __name__ == "__main__":
