@@ -63,7 +63,9 @@ def test_kv_pressure_retracts_and_keeps_greedy_outputs(servers, server):
 
 def test_overload_gets_fast_503_and_health_stays_green(servers):
     small = servers["small"]
-    body = {"text": "Overload", "sampling_params": {"max_new_tokens": 80, "temperature": 0, "ignore_eos": True}}
+    # Long enough that the first requests still run when the last arrive (with 80 tokens a loaded CI
+    # machine once let every request finish before the 9th arrived: no 503 at all).
+    body = {"text": "Overload", "sampling_params": {"max_new_tokens": 160, "temperature": 0, "ignore_eos": True}}
     start_together = threading.Barrier(16)
     health: list[int] = []
     done = threading.Event()
@@ -73,15 +75,20 @@ def test_overload_gets_fast_503_and_health_stays_green(servers):
             health.append(httpx.get(small.url + "/health", timeout=10).status_code)
             time.sleep(0.05)
 
+    # One client for all threads (its pool holds 16 connections), opened before the barrier: a client per
+    # request spent its set-up after the barrier, spreading the 16 arrivals out.
+    client = httpx.Client(base_url=small.url, headers=small.headers(), timeout=120,
+                          limits=httpx.Limits(max_connections=16))
+
     def post(_: int) -> tuple[int, float, str | None]:
         start_together.wait()
         start = time.monotonic()
-        res = httpx.post(small.url + "/generate", json=body, headers=small.headers(), timeout=120)
+        res = client.post("/generate", json=body)
         return res.status_code, time.monotonic() - start, res.headers.get("retry-after")
 
     watcher = threading.Thread(target=poll_health)
     watcher.start()
-    with ThreadPoolExecutor(16) as pool:
+    with client, ThreadPoolExecutor(16) as pool:
         results = list(pool.map(post, range(16)))  # 2x the 8 requests the server admits
     done.set()
     watcher.join()
