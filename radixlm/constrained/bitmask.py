@@ -215,23 +215,14 @@ def greedy_under_grammar(source: torch.Tensor, greedy: Sequence[bool], mask: Gra
     Rows whose allowed entries are all -inf (dead) are left to the sampler, which gives them eos."""
     if not source.is_cpu or source.dtype != torch.float32:
         return {}, mask
-    src, width = source.numpy(), source.shape[-1]
+    src = source.numpy()
     decided: dict[int, int] = {}
-    check: list[int] = []
-    for i, plan in mask.cpu.items():  # (numpy methods, not functions: a lone request is a few us)
-        if not greedy[i]:
-            continue
-        if plan.ids_np is None:
-            check.append(i)
-            continue
-        ids = _ids_within(plan, width)
-        if ids.size:
-            values = src[i][ids]
-            k = values.argmax()
-            if values[k] != _NEG_INF:  # NaN counts as a maximum, as in argmax_rows
-                decided[i] = ids.item(k)
-    check += [i for i in mask.bit_rows if greedy[i]]
-    for i in check:
+    for i, values, ids in _allowed_lists(src, greedy, mask):  # (numpy methods, not functions: a few us)
+        k = values.argmax()
+        if values[k] != _NEG_INF:  # NaN counts as a maximum, as in argmax_rows
+            decided[i] = ids.item(k)
+    check = [i for i, plan in mask.cpu.items() if greedy[i] and plan.ids_np is None]
+    for i in check + [i for i in mask.bit_rows if greedy[i]]:
         row = src[i]
         token = int(row.argmax())
         if row[token] != _NEG_INF and _allows(mask, i, token):
@@ -249,18 +240,23 @@ def without_rows(mask: GrammarMask, done: dict[int, int]) -> GrammarMask | None:
 
 
 def select_allowed_lists(source: torch.Tensor, wanted: Sequence[bool], mask: GrammarMask
-                         ) -> list[tuple[int, torch.Tensor, np.ndarray]]:
-    """(row, its allowed logits float32 [1, n] (a private copy), their ids [n]) for each wanted row whose
-    mask is a non-empty allowed-id list; CPU fp32 only (elsewhere: [])."""
+                         ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(row, its allowed logits (a float32 copy), their ids) for each wanted row whose mask is a non-empty
+    allowed-id list; CPU fp32 only (elsewhere: [])."""
     if not source.is_cpu or source.dtype != torch.float32:
         return []
-    src, width = source.numpy(), source.shape[-1]
+    return _allowed_lists(source.numpy(), wanted, mask)
+
+
+def _allowed_lists(src: np.ndarray, wanted: Sequence[bool], mask: GrammarMask
+                   ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    width = src.shape[-1]
     out = []
     for i, plan in mask.cpu.items():
         if wanted[i] and plan.ids_np is not None:
             ids = _ids_within(plan, width)
             if ids.size:
-                out.append((i, torch.from_numpy(src[i][ids]).unsqueeze(0), ids))
+                out.append((i, src[i][ids], ids))
     return out
 
 

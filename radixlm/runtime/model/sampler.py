@@ -260,8 +260,8 @@ class Sampler:
         Returns the mask of the rows left (None when none is)."""
         lists = select_allowed_lists(source, [not row.params.is_greedy for row in rows], grammar)
         for i, values, ids in lists:
-            if bool(torch.isfinite(values).any()):  # dead rows are left to the full path (eos)
-                decided[i] = ids.item(int(self._sample(values, [rows[i]])))
+            if np.isfinite(values).any():  # dead rows are left to the full path (eos)
+                decided[i] = ids.item(int(self._sample(torch.from_numpy(values).unsqueeze(0), [rows[i]])))
         return without_rows(grammar, decided)
 
     @staticmethod

@@ -28,11 +28,11 @@ class LogitsPlan:
     sample: list[tuple[int, int]] = field(default_factory=list)  # (row index, logits row)
     # (row index, first prompt position p, number of positions): logits rows for input logprobs
     prompt: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, p0, count, logits row0)
-    # The sampled rows' grammar masks, `mask_width` logits wide, built BEFORE the forward: the matchers'
-    # states are known then, the caches still hold them (after a forward on the CPU the same build
-    # measured several times slower), and on a GPU the build overlaps the queued forward.
+    # The sampled rows' grammar masks, built BEFORE the forward: the matchers' states are known then, the
+    # caches still hold them (after a forward on the CPU the same build measured several times slower),
+    # and on a GPU the build overlaps the queued forward. Built vocab_size wide: the sampler works on
+    # that many columns at most (and cuts a mask to narrower logits).
     masks: GrammarMask | None = None
-    mask_width: int = 0
 
 
 class OutputProcessor:
@@ -64,8 +64,7 @@ class OutputProcessor:
                 indices.append(batch.token_index(i, row.end - 1))
         plan.indices = torch.tensor(indices, dtype=torch.int64)
         if plan.sample:
-            plan.mask_width = self.sampler.vocab_size
-            plan.masks = self.grammar.masks([batch.rows[i].req for i, _ in plan.sample], plan.mask_width,
+            plan.masks = self.grammar.masks([batch.rows[i].req for i, _ in plan.sample], self.sampler.vocab_size,
                                             batch.input_ids.device)
         return plan
 
@@ -77,10 +76,7 @@ class OutputProcessor:
         if plan.sample:
             reqs = [batch.rows[i].req for i, _ in plan.sample]
             rows_logits = logits[[r for _, r in plan.sample]]
-            masks = plan.masks
-            if masks is not None and rows_logits.shape[-1] != plan.mask_width:  # logits of another width
-                masks = self.grammar.masks(reqs, rows_logits.shape[-1], logits.device)
-            sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs], masks)
+            sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs], plan.masks)
             self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
             for (i, _), req, tok in zip(plan.sample, reqs, sampled.token_ids):
                 sent = len(req.output_ids)
