@@ -203,7 +203,8 @@ def _completion_choices(logprobs: bool) -> Render:
             lp = fmt.completion_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs"), offset)
         reason, matched = fmt.finish_reason(meta) if out.finished else (None, None)
         if delta or out.finished or (lp and lp["tokens"]):
-            yield {"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+            choice = {"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+            yield fmt.with_finish_details(choice, meta) if out.finished else choice
     return render
 
 
@@ -219,5 +220,5 @@ def _chat_choices(logprobs: bool) -> Render:
         if delta or lp:
             yield _chat_choice(index, {"content": delta}, lp=lp)
         if out.finished:
-            yield _chat_choice(index, {}, *fmt.finish_reason(meta))
+            yield fmt.with_finish_details(_chat_choice(index, {}, *fmt.finish_reason(meta)), meta)
     return render

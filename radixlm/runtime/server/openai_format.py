@@ -79,6 +79,25 @@ def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
     return finish["type"], finish.get("matched")
 
 
+def finish_details(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """For json_schema / json_object requests: whether the finished output validated (the native
+    meta_info's json_schema_valid / json_schema_error), else None."""
+    if "json_schema_valid" not in meta:
+        return None
+    details = {"json_schema_valid": meta["json_schema_valid"]}
+    if "json_schema_error" in meta:
+        details["json_schema_error"] = meta["json_schema_error"]
+    return details
+
+
+def with_finish_details(choice: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The choice with `finish_details` added when the request had a schema (other choices keep their shape)."""
+    details = finish_details(meta)
+    if details is not None:
+        choice["finish_details"] = details
+    return choice
+
+
 def usage(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
     """Prompt and cached tokens count once per prompt (not per n child), completion tokens per choice."""
     firsts = results[::n]
@@ -132,12 +151,13 @@ def completion_choice(index: int, result: dict[str, Any], logprobs: bool, echo_t
             entries = list(meta.get("input_token_logprobs", [])) + entries
             tops = None if tops is None else list(meta.get("input_top_logprobs", [])) + tops
         lp = completion_logprobs(entries, tops, 0)
-    return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+    return with_finish_details({"index": index, "text": text, "logprobs": lp, "finish_reason": reason,
+                                "matched_stop": matched}, meta)
 
 
 def chat_choice(index: int, result: dict[str, Any], logprobs: bool) -> dict[str, Any]:
     meta = result["meta_info"]
     reason, matched = finish_reason(meta)
     lp = chat_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs")) if logprobs else None
-    return {"index": index, "message": {"role": "assistant", "content": result["text"]}, "logprobs": lp,
-            "finish_reason": reason, "matched_stop": matched}
+    return with_finish_details({"index": index, "message": {"role": "assistant", "content": result["text"]},
+                                "logprobs": lp, "finish_reason": reason, "matched_stop": matched}, meta)

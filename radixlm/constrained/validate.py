@@ -1,0 +1,88 @@
+"""Validate a finished JSON-schema output with `jsonschema`, the reference validator.
+
+Runs where responses are assembled (the detokenizer process, or the Engine's user process). The grammar
+enforces most of a schema while decoding, but some keywords only approximately (`oneOf` exclusivity,
+`uniqueItems` on free values, look-around in `pattern`s, ...), and an output cut by `max_new_tokens` is
+only a valid prefix. So every finished constrained output is checked here, and a failure is reported
+instead of invalid JSON being returned as if it were valid.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from threading import Lock
+from typing import Any
+
+_MAX_CACHED = 64  # validators keyed by spec text: identical schemas are the common case in serving
+_validators: OrderedDict[str, Any] = OrderedDict()
+_lock = Lock()
+
+
+@dataclass(frozen=True)
+class JsonCheck:
+    valid: bool
+    error: str | None = None  # why not: "incomplete", "not JSON", or the first schema violation
+
+    def to_meta(self) -> dict[str, Any]:
+        """The meta_info fields (native API) for this check."""
+        meta: dict[str, Any] = {"json_schema_valid": self.valid}
+        if self.error is not None:
+            meta["json_schema_error"] = self.error
+        return meta
+
+
+def check_json_output(spec: str, text: str, complete: bool) -> JsonCheck:
+    """`complete` is False when the output was cut (finish reason `length`): a prefix, never valid."""
+    if not complete:
+        return JsonCheck(False, "incomplete: the output ended (max_new_tokens) before the JSON value was complete")
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        return JsonCheck(False, f"not JSON: {_short(str(e))}")
+    validator = _validator(spec)
+    if validator is None:  # the schema itself did not load (the grammar compiled, so this is unexpected)
+        return JsonCheck(False, "the schema could not be loaded for validation")
+    try:
+        error = next(iter(validator.iter_errors(value)), None)
+    except Exception as e:  # noqa: BLE001 - an unresolvable $ref or a validator bug must not fail the request
+        return JsonCheck(False, f"validation failed: {_short(type(e).__name__ + ': ' + str(e))}")
+    if error is None:
+        return JsonCheck(True)
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return JsonCheck(False, f"{_short(error.message)} (at {_short(where)})")
+
+
+def _validator(spec: str) -> Any:
+    with _lock:
+        if spec in _validators:
+            _validators.move_to_end(spec)
+            return _validators[spec]
+    validator = _build(spec)
+    with _lock:
+        _validators[spec] = validator
+        while len(_validators) > _MAX_CACHED:
+            _validators.popitem(last=False)
+    return validator
+
+
+def _build(spec: str) -> Any:
+    import jsonschema
+
+    try:
+        schema = json.loads(spec)
+    except ValueError:
+        return None
+    if schema is True or schema == {}:
+        schema = {}
+    if not isinstance(schema, dict):
+        return None
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    # The format checker asserts the formats jsonschema can check (date, email, ipv4, uuid, ...); formats it
+    # cannot check pass. No retrieval of remote refs: `referencing` has none unless one is configured.
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
