@@ -16,7 +16,7 @@ import torch
 from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarOptions
 from radixlm.constrained.bitmask import eos_only_bits, pack_bool
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
-from radixlm.constrained.json_schema import load_schema
+from radixlm.constrained.schema_lower import lower_schema
 from radixlm.constrained.vocabulary import token_bytes_for
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
@@ -63,8 +63,9 @@ def compile_grammar(compiler: Any, kind: str, spec: str, options: GrammarOptions
     if kind == "json_object":
         return _call("response_format", compiler.compile_builtin_json_grammar)
     if kind == "json_schema":
-        schema = load_schema(spec, options)
+        schema = lower_schema(spec, options, "xgrammar").schema  # what xgrammar enforces, refs kept
         _check_refs(schema)
+        spec = json.dumps(schema)
         fmt: dict[str, Any] = {"any_whitespace": False, "strict_mode": True}
         fmt["separators"] = (",", ":") if options.compact else (", ", ": ")
         return _call("json_schema", compiler.compile_json_schema, spec, **fmt)
