@@ -119,7 +119,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="require this key (Authorization: Bearer); repeat for several tenants")
     p.add_argument("--admin-api-key", default=None, help="key for the admin debug endpoint")
     p.add_argument("--served-model-name", default=None)
-    p.add_argument("--grammar-backend", default=GrammarConfig.grammar_backend, choices=["outlines", "xgrammar"])
+    p.add_argument("--grammar-backend", default=GrammarConfig.grammar_backend,
+                   choices=["outlines", "xgrammar", "llguidance"],
+                   help="constrained-decoding engine (docs/constrained.md)")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--log-level", default=ServerConfig.log_level,
                    choices=["debug", "info", "warning", "error", "critical"])
