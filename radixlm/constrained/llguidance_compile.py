@@ -75,10 +75,11 @@ def grammar_text(kind: str, spec: str, options: GrammarOptions) -> str:
     if kind == "json_object":
         return llg.LLMatcher.grammar_from_json_schema('{"type": "object"}', overrides=json_options(options))
     if kind == "json_schema":
-        from radixlm.constrained.json_schema import load_schema
+        from radixlm.constrained.schema_lower import lower_schema
 
-        # llguidance compiles local $refs (recursion included) and, lenient, ignores what it lacks.
-        schema = load_schema(spec, options)
+        # The "llguidance" lowering keeps local $refs (recursion included) for llguidance to compile;
+        # lenient, llguidance ignores what it still lacks (finished outputs are validated separately).
+        schema = lower_schema(spec, options, "llguidance").schema
         ref = external_ref(schema)
         if ref is not None:
             raise GrammarError("json_schema", INVALID_GRAMMAR, f"external $ref '{ref}' is not supported")
