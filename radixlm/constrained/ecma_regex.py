@@ -85,7 +85,7 @@ def _escape(pattern: str, i: int, out: _Out) -> tuple[str, str, int]:
         if end > 0 and out.unicode_classes:
             return "class", f"\\{c}{pattern[i + 2:end + 1]}", end + 1
         out.dropped.append(f"\\{c}{{..}} widened to any character")
-        return "class", "\\u0000-\\U0010ffff", (end + 1 if end > 0 else i + 2)
+        return "class", "\\s\\S", (end + 1 if end > 0 else i + 2)
     if c in _CONTROL:
         return "char", _CONTROL[c], i + 2
     if c == "x" and re.fullmatch(r"[0-9a-fA-F]{2}", pattern[i + 2:i + 4]):
@@ -244,7 +244,7 @@ def _ends_with_anchor(branch: str) -> bool:
 def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = True) -> tuple[str, tuple[str, ...]]:
     """(full-match regex, what was widened) for an ECMA-262 search pattern."""
     out = _Out(json_string, unicode_classes)
-    free = FREE_JSON_CHARS if json_string else "(?s:.)*"
+    free = FREE_JSON_CHARS if json_string else r"[\s\S]*"
     branches = []
     for branch in _top_level_alternatives(pattern):
         head = branch.startswith("^")

@@ -74,6 +74,8 @@ class _Emitter:
         values = [v for v in node["enum"] if canon(v) not in banned and self._valid(v, rest)]
         if not values:
             return dict(NEVER)
+        if self.target == "xgrammar" and any(isinstance(v, (list, dict)) for v in values):
+            return any_of([_structural(v) for v in values])  # its consts ignore the separators
         return {"const": values[0]} if len(values) == 1 else {"enum": values}
 
     def _valid(self, value: Any, schema: dict[str, Any]) -> bool:
@@ -123,11 +125,14 @@ class _Emitter:
                 props[name] = extra if not out.get("patternProperties") else {}
         if any(is_never(props[name]) for name in required):
             return dict(NEVER)
-        for name in [k for k, v in props.items() if is_never(v)]:
-            if self.target == "outlines":
-                del props[name]  # outlines only ever generates the listed properties
-            else:
+        banned = [k for k, v in props.items() if is_never(v)]
+        for name in banned:
+            if self.target == "llguidance":
                 props[name] = False
+            else:
+                del props[name]  # outlines and xgrammar (strict) only generate the listed properties
+        if banned and not props and self.target != "llguidance" and not is_never(extra):
+            self.notes.append(f"absent properties {banned} at {path} (a free object may hold them)")
         out.pop("properties", None)
         out.pop("required", None)
         out.pop("additionalProperties", None)
@@ -142,14 +147,30 @@ class _Emitter:
         if "patternProperties" in out:
             out["patternProperties"] = {self._key_pattern(p, path): self.emit(s, f"{path}/patternProperties")
                                         for p, s in out["patternProperties"].items()}
-        if "propertyNames" in out:
-            out["propertyNames"] = self.emit(out["propertyNames"], f"{path}/propertyNames")
+        if "propertyNames" in out:  # names are strings whatever the subschema says
+            names = out["propertyNames"]
+            names = {**names, "type": ["string"]} if names and "type" not in names and "anyOf" not in names else names
+            out["propertyNames"] = self.emit(names, f"{path}/propertyNames")
+        if self.target == "outlines":
+            return self._outlines_object(out, path)
         return self._drop_inexact(out, path)
 
+    def _outlines_object(self, out: dict[str, Any], path: str) -> dict[str, Any]:
+        """Without `properties`, schema_regex.py writes key/value objects itself: key patterns, key
+        names, counts. Keys matching a pattern may also take the additionalProperties branch."""
+        if "properties" in out:
+            return self._drop_inexact(out, path)
+        names = out.get("propertyNames")
+        if names is not None and not (names.get("type") == "string" and set(names) <= {"type", "pattern"}
+                                      or set(names) == {"enum"} or set(names) == {"const"}):
+            self.notes.append(f"propertyNames at {path}")
+            del out["propertyNames"]
+        if out.get("patternProperties") and out.get("additionalProperties") is not False:
+            self.notes.append(f"patternProperties next to additionalProperties at {path}")
+        return out
+
     def _key_pattern(self, pattern: str, path: str) -> str:
-        if self.target == "outlines":
-            return pattern
-        regex, dropped = translate_pattern(pattern, False, self.target != "xgrammar")
+        regex, dropped = translate_pattern(pattern, self.target == "outlines", self.target != "xgrammar")
         self.notes.extend(f"patternProperties at {path}: {d}" for d in dropped)
         return regex
 
@@ -179,6 +200,8 @@ class _Emitter:
             return dict(NEVER)
         if "format" in out and out["format"] not in FORMATS[self.target]:
             self.notes.append(f"format '{out.pop('format')}' at {path}")
+        elif "format" in out and self.target != "outlines":
+            self.notes.append(f"format '{out['format']}' at {path} (the library's own check)")
         if "pattern" in out:
             if not isinstance(out["pattern"], str):
                 out.pop("pattern")
@@ -205,6 +228,17 @@ class _Emitter:
         if out.get("multipleOf") in (1, 1.0) and out["type"] == "integer":
             del out["multipleOf"]
         return self._drop_inexact(out, path)
+
+
+def _structural(value: Any) -> dict[str, Any]:
+    """A container const as structure (so the library's whitespace applies); scalars stay consts."""
+    if isinstance(value, dict):
+        return {"type": "object", "properties": {k: _structural(v) for k, v in value.items()},
+                "required": list(value), "additionalProperties": False}
+    if isinstance(value, list):
+        return {"type": "array", "prefixItems": [_structural(v) for v in value], "items": False,
+                "minItems": len(value), "maxItems": len(value)}
+    return {"const": value}
 
 
 def emit(lowered: dict[str, Any], defs: dict[str, Any], target: str) -> tuple[dict[str, Any], list[str]]:

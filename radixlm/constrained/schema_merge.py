@@ -85,12 +85,12 @@ class Merger:
         if "$ref" in a or "$ref" in b:
             return self.merge(self.deref(a["$ref"]) if "$ref" in a else a,
                               self.deref(b["$ref"]) if "$ref" in b else b, path)
-        for x, y in ((a, b), (b, a)):
+        for x, y, x_first in ((a, b, True), (b, a, False)):
             if "anyOf" in x:
                 branches = []
                 for branch in x["anyOf"]:
-                    try:
-                        branches.append(self.merge(branch, y, path))
+                    try:  # a's properties stay first: they are generated in this order
+                        branches.append(self.merge(branch, y, path) if x_first else self.merge(y, branch, path))
                     except Conflict:
                         continue
                 if not branches:

@@ -59,6 +59,10 @@ def _negate_constraint(rest: dict[str, Any]) -> dict[str, Any] | None:
     """not(rest) for one typeless constraint (applies to the values it is about)."""
     if set(rest) == {"enum"}:
         return {"notEnum": rest["enum"]}
+    if set(rest) == {"properties"} and len(rest["properties"]) == 1:
+        (name, sub), = rest["properties"].items()
+        neg = negate(sub)  # present with a value the subschema refuses
+        return None if neg is None else {"required": [name], "properties": {name: neg}}
     if set(rest) == {"required"} and rest["required"]:
         return any_of([{"properties": {name: dict(NEVER)}} for name in rest["required"]])
     return None

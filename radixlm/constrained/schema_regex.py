@@ -88,11 +88,33 @@ class _Prep:
                 out["required"] = node["required"]
             return out
         extra = node.get("additionalProperties")
-        if extra is False:
-            return {"const": {}}
-        if extra:
-            return {"type": "object", "additionalProperties": self.run(extra)}
-        return {"type": "object", "depth": FREE_FORM_DEPTH}
+        if not any(k in node for k in ("patternProperties", "propertyNames", "minProperties", "maxProperties")):
+            if extra is False:
+                return {"const": {}}
+            if extra:
+                return {"type": "object", "additionalProperties": self.run(extra)}
+            return {"type": "object", "depth": FREE_FORM_DEPTH}
+        return self.placeholder(self._map_regex(node))
+
+    def _map_regex(self, node: dict[str, Any]) -> str:
+        """`{"key": value, ...}` from key patterns and the free-key schema, with a count range."""
+        names = node.get("propertyNames", {})
+        free_key = _key_regex(names)
+        entries = [(f"(?:{pattern})", sub) for pattern, sub in node.get("patternProperties", {}).items()]
+        extra = node.get("additionalProperties", {})
+        if extra is not False and free_key is not None:
+            entries.append((free_key, extra if extra is not None else {}))
+        ws = self.ws()
+        alts = [f'"{key}"{ws}:{ws}(?:{self.sub_regex(self.run(sub))})' for key, sub in entries]
+        if not alts:
+            return r"\{" + ws + r"\}"
+        entry = "(?:" + "|".join(alts) + ")"
+        lo, hi = node.get("minProperties", 0), node.get("maxProperties")
+        more = f"(?:{ws},{ws}{entry}){{{max(lo - 1, 0)},{'' if hi is None else hi - 1}}}"
+        body = entry + more if lo > 0 else f"(?:{entry}{more})?"
+        if hi == 0:
+            body = ""
+        return r"\{" + ws + body + ws + r"\}"
 
     def _array(self, node: dict[str, Any]) -> dict[str, Any]:
         prefix = node.get("prefixItems", [])
@@ -121,6 +143,20 @@ class _Prep:
         if not alts:
             raise _err("array bounds admit no value")
         return rf"\[{ws}(?:" + "|".join(alts) + rf"){ws}\]"
+
+
+def _key_regex(names: dict[str, Any]) -> str | None:
+    """The JSON-encoded key (between the quotes) that propertyNames allows."""
+    from radixlm.constrained.ecma_regex import FREE_JSON_CHARS
+    from radixlm.constrained.specs import escape_literal
+
+    if "pattern" in names:
+        return f"(?:{names['pattern']})"
+    values = names.get("enum", [names["const"]] if "const" in names else None)
+    if values is not None:
+        keys = [json.dumps(v, ensure_ascii=False)[1:-1] for v in values if isinstance(v, str)]
+        return "(?:" + "|".join(escape_literal(k) for k in keys) + ")" if keys else None
+    return FREE_JSON_CHARS
 
 
 def _bound(node: dict[str, Any], incl: str, excl: str, lower: bool, integer: bool) -> tuple[int | None, bool]:
