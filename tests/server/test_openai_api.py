@@ -173,3 +173,29 @@ def test_json_schema_outputs_carry_finish_details(oai, model):
     assert text.model_extra["finish_details"]["json_schema_valid"] is False
     plain = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert "finish_details" not in (plain.choices[0].model_extra or {})
+
+
+def test_strict_json_schema_refuses_only_what_it_cannot_enforce(oai, model):
+    """strict: true gets a 400 naming the keyword the grammar would only approximate (oneOf's exclusivity
+    between overlapping branches); strict: false decodes the same schema best-effort; an exactly enforceable
+    schema (oneOf over disjoint types included) is served in strict mode."""
+    loose = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
+             "required": ["v"]}
+    exact = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "string"}]}},
+             "required": ["v"]}
+
+    def ask(schema, strict, **extra):
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+        return oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "JSON"}],
+                                           max_tokens=48, temperature=0, response_format=fmt, **extra)
+
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(loose, True)
+    assert err.value.body["param"] == "response_format" and "oneOf" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        ask(loose, True, stream=True)
+    best_effort = ask(loose, False).choices[0]
+    assert "json_schema_valid" in best_effort.model_extra["finish_details"]
+    assert ask(exact, True).choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError):
+        ask(exact, "yes")

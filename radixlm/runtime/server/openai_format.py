@@ -63,7 +63,37 @@ def _response_format(fmt: Any) -> dict[str, Any]:
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise InvalidRequestError("response_format.json_schema.schema must be an object", param="response_format")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise InvalidRequestError("response_format.json_schema.strict must be a boolean", param="response_format")
     return {"json_schema": json.dumps(spec["schema"])}
+
+
+def strict_schema(obj: dict[str, Any]) -> str | None:
+    """The schema text of a `response_format` with `json_schema.strict: true`, else None."""
+    fmt = obj.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        spec = fmt["json_schema"]
+        if spec.get("strict") is True and isinstance(spec.get("schema"), dict):
+            return json.dumps(spec["schema"])
+    return None
+
+
+def check_strict(schema: str, backend: str, options: Any) -> None:
+    """OpenAI strict mode: refuse (400, naming the keyword) a schema the grammar would enforce only
+    approximately on this backend; non-strict requests get the best-effort grammar (outputs still validated).
+    Lowering is pure CPU work on a size-limited schema: callers run it off the event loop."""
+    from radixlm.constrained.errors import GrammarError
+    from radixlm.constrained.schema_lower import lower_schema
+
+    try:
+        lowered = lower_schema(schema, options, backend)
+    except GrammarError as e:
+        raise InvalidRequestError(e.message, param="response_format", code=e.code) from None
+    if lowered.approximations:
+        raise InvalidRequestError(
+            f"strict mode: {lowered.approximations[0]} cannot be enforced exactly while decoding (with "
+            f"the {backend} grammar backend); send strict: false to decode it best-effort (the finished output "
+            "is still validated, see finish_details)", param="response_format", code="invalid_grammar")
 
 
 def check_logprobs_count(value: Any, name: str) -> int:
