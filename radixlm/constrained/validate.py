@@ -78,10 +78,45 @@ def _build(spec: str) -> Any:
         schema = {}
     if not isinstance(schema, dict):
         return None
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = jsonschema.validators.extend(_draft_of(schema), {"pattern": _ecma_pattern})
     # The format checker asserts the formats jsonschema can check (date, email, ipv4, uuid, ...); formats it
     # cannot check pass. No retrieval of remote refs: `referencing` has none unless one is configured.
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def _draft_of(schema: dict[str, Any]) -> Any:
+    """The draft `$schema` names; without one, the newest draft whose meta-schema accepts the schema (a
+    draft-4 `exclusiveMaximum: true` or a draft-7 tuple `items` is not 2020-12, and would break its validator)."""
+    import jsonschema
+
+    if "$schema" in schema:
+        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    drafts = (jsonschema.Draft202012Validator, jsonschema.Draft7Validator, jsonschema.Draft4Validator)
+    for cls in drafts:
+        try:
+            cls.check_schema(schema)
+            return cls
+        except jsonschema.SchemaError:
+            continue
+    return drafts[0]
+
+
+def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    """`pattern` is an ECMA-262 regex (JSON Schema says so): `\\p{L}`, `\\cA`, `(?<n>)`, ... mean what they
+    mean in JavaScript. regress is a real ECMA-262 engine; Python's re is a fallback for what it refuses."""
+    import re
+
+    import regress
+    from jsonschema.exceptions import ValidationError
+
+    if not isinstance(instance, str):
+        return
+    try:
+        found = regress.Regex(pattern, "u").find(instance) is not None
+    except Exception:  # noqa: BLE001 - a pattern regress refuses (rare): Python's dialect is close
+        found = re.search(pattern, instance) is not None
+    if not found:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 def _short(text: str, limit: int = 200) -> str:

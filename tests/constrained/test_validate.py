@@ -58,3 +58,18 @@ def test_draft_from_dollar_schema_and_no_remote_fetch():
     remote = json.dumps({"$ref": "https://example.invalid/schema.json"})  # never fetched
     check = check_json_output(remote, "1", complete=True)
     assert not check.valid and check.error.startswith("validation failed")
+
+
+def test_patterns_are_ecma_262():
+    """\\p{Lu} is a Unicode property in ECMA-262 (JSON Schema's dialect), an error in Python's re."""
+    schema = json.dumps({"type": "string", "pattern": "^\\p{Lu}[a-z]+$"})
+    assert check_json_output(schema, '"Émile"', complete=True).valid
+    assert not check_json_output(schema, '"émile"', complete=True).valid
+
+
+def test_draft_without_dollar_schema_is_the_one_its_keywords_fit():
+    tuple_items = json.dumps({"type": "array", "items": [{"type": "integer"}, {"type": "string"}]})
+    assert check_json_output(tuple_items, '[1, "a"]', complete=True).valid
+    assert not check_json_output(tuple_items, '["a", 1]', complete=True).valid
+    draft4 = json.dumps({"type": "integer", "maximum": 5, "exclusiveMaximum": True})
+    assert not check_json_output(draft4, "5", complete=True).valid
