@@ -198,4 +198,8 @@ class LLGuidanceBackend(GrammarBackend):
         template = llg.LLMatcher(self.tokenizer, data.decode("utf-8"), log_level=0, limits=parser_limits())
         if template.is_error():  # checked in the worker already; only a different llguidance could differ
             raise GrammarError("grammar", INVALID_GRAMMAR, "grammar could not be compiled")
+        # The first mask builds the lexer's start states (ms on a large schema; copies share the lexer's
+        # state cache): pay it here, in the dispatcher thread, not in the first decode step.
+        words = np.zeros(num_words(self.vocab_size), dtype=np.int32)
+        template.deep_copy().unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         return LLGuidanceGrammar(template, self.eos_token_id, self.vocab_size, self.options)
