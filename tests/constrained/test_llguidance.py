@@ -246,3 +246,12 @@ def test_real_tokenizer_walks_and_jump_forward():
             mine, want = _allowed(a, 49152), _allowed(b, 49152)
             assert mine == want if a.jump_forward() is None else mine <= want and mine, name
             assert a.accept_token(token) and b.accept_token(token)
+
+
+def test_property_named_ref_is_not_a_reference(lg, byte_tokenizer, model_vocab_size):
+    schema = {"type": "object", "properties": {"$ref": {"type": "string", "maxLength": 5}}, "required": ["$ref"],
+              "additionalProperties": False}
+    grammar = lg["compact"].compile("json_schema", json.dumps(schema))
+    assert grammar.matcher().jump_forward() == '{"$ref":"'
+    res = random_walk(grammar.matcher(), byte_tokenizer, model_vocab_size, seed=0)
+    assert res.finished and jsonschema.validate(json.loads(res.text), schema) is None
