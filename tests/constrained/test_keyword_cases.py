@@ -57,7 +57,10 @@ def _accepts(grammar, tokenizer, text: str) -> bool:
 
 def test_cases_are_labelled_right():
     for case in CASES:
-        validator = jsonschema.validators.validator_for(case.schema)(case.schema)
+        if case.name == "pattern_unicode":
+            continue  # Python's `re` (jsonschema's) has no Unicode property classes
+        cls = jsonschema.validators.validator_for(case.schema)
+        validator = cls(case.schema, format_checker=cls.FORMAT_CHECKER)
         for value in case.valid:
             assert validator.is_valid(value), (case.name, value)
         for value in case.invalid:
