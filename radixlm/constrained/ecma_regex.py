@@ -241,8 +241,10 @@ def _ends_with_anchor(branch: str) -> bool:
     return (len(head) - len(head.rstrip("\\"))) % 2 == 0  # `\$` is a literal dollar
 
 
-def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = True) -> tuple[str, tuple[str, ...]]:
-    """(full-match regex, what was widened) for an ECMA-262 search pattern."""
+def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = True,
+                      search: bool = False) -> tuple[str, tuple[str, ...]]:
+    """(regex, what was widened) for an ECMA-262 search pattern: a full-match regex, or with
+    `search` (llguidance applies patterns as JSON Schema does) one that keeps the pattern's anchors."""
     out = _Out(json_string, unicode_classes)
     free = FREE_JSON_CHARS if json_string else r"[\s\S]*"
     branches = []
@@ -251,6 +253,9 @@ def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = T
         tail = _ends_with_anchor(branch)
         core = branch[1 if head else 0:len(branch) - 1 if tail else len(branch)]
         body = _translate(core, out)
+        if search:
+            branches.append(("^" if head else "") + f"(?:{body})" + ("$" if tail else ""))
+            continue
         branches.append(("" if head else free) + f"(?:{body})" + ("" if tail else free))
     regex = branches[0] if len(branches) == 1 else "|".join(f"(?:{b})" for b in branches)
     return regex, tuple(dict.fromkeys(out.dropped))

@@ -170,7 +170,8 @@ class _Emitter:
         return out
 
     def _key_pattern(self, pattern: str, path: str) -> str:
-        regex, dropped = translate_pattern(pattern, self.target == "outlines", self.target != "xgrammar")
+        regex, dropped = translate_pattern(pattern, self.target == "outlines", self.target != "xgrammar",
+                                           self.target == "llguidance")
         self.notes.extend(f"patternProperties at {path}: {d}" for d in dropped)
         return regex
 
@@ -207,7 +208,7 @@ class _Emitter:
                 out.pop("pattern")
             else:
                 regex, dropped = translate_pattern(out["pattern"], self.target == "outlines",
-                                                   self.target != "xgrammar")
+                                                   self.target != "xgrammar", self.target == "llguidance")
                 self.notes.extend(f"pattern at {path}: {d}" for d in dropped)
                 out["pattern"] = regex
         if self.target == "outlines":  # one regex per string: pattern, else format, else lengths
