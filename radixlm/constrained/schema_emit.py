@@ -147,6 +147,13 @@ class _Emitter:
         if "patternProperties" in out:
             out["patternProperties"] = {self._key_pattern(p, path): self.emit(s, f"{path}/patternProperties")
                                         for p, s in out["patternProperties"].items()}
+            if self.target == "llguidance" and len(out["patternProperties"]) > 1:
+                # llguidance wants disjoint key patterns: any key may take any of the value schemas.
+                self.notes.append(f"patternProperties at {path} (overlapping key patterns)")
+                values = list(out.pop("patternProperties").values())
+                if "additionalProperties" in out:
+                    values.append(out["additionalProperties"] or {})
+                out["additionalProperties"] = any_of(values)
         if "propertyNames" in out:  # names are strings whatever the subschema says
             names = out["propertyNames"]
             names = {**names, "type": ["string"]} if names and "type" not in names and "anyOf" not in names else names
