@@ -21,6 +21,7 @@ _STR = ("minLength", "maxLength", "pattern", "format")
 _NUM = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _BY_TYPE = {"object": _OBJ, "array": _ARR, "string": _STR, "number": _NUM, "integer": _NUM,
             "boolean": (), "null": ()}
+MAX_BOUND = 10**15  # a bound past it only makes the outlines regex long
 _ORDER = ("null", "boolean", "integer", "number", "string", "array", "object")
 
 # What each library enforces exactly (measured by tests/constrained/test_keyword_cases.py).
@@ -233,6 +234,10 @@ class _Emitter:
                 if key in out and not float(out[key]).is_integer():
                     self.notes.append(f"non-integer {key} at {path} (widened to an integer)")
                     out[key.replace("exclusiveM", "m")] = rounding(out.pop(key))
+        for key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+            if self.target == "outlines" and key in out and abs(out[key]) > MAX_BOUND:
+                self.notes.append(f"{key} beyond ±{MAX_BOUND} at {path} (dropped)")
+                del out[key]
         if out.get("multipleOf") in (1, 1.0) and out["type"] == "integer":
             del out["multipleOf"]
         return self._drop_inexact(out, path)
