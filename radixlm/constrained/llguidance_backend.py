@@ -44,6 +44,13 @@ def ids_of_words(words: np.ndarray, nz: np.ndarray | None = None) -> np.ndarray:
     return nz[rows] * 32 + _BIT_OFFSETS[cols]
 
 
+def _popcount(words: np.ndarray) -> int:
+    """Set bits in int32 words (np.bitwise_count needs numpy 2; pyproject allows 1.26)."""
+    if hasattr(np, "bitwise_count"):
+        return int(np.bitwise_count(words.view(np.uint32)).sum())
+    return int(np.unpackbits(words.view(np.uint8)).sum())
+
+
 class LLGuidanceMatcher(GrammarMatcher):
     """An LLMatcher plus what it does not track: EOS (llguidance keeps no history entry for it) and a
     count of accepted tokens (rollback past the start is refused before reaching llguidance)."""
@@ -104,7 +111,7 @@ class LLGuidanceMatcher(GrammarMatcher):
             return self._plan
         words = self._fill()
         nz = np.flatnonzero(words)
-        if nz.size > MAX_LIST_IDS or int(np.bitwise_count(words[nz].view(np.uint32)).sum()) > MAX_LIST_IDS:
+        if nz.size > MAX_LIST_IDS or _popcount(words[nz]) > MAX_LIST_IDS:
             plan = None
         else:
             plan = allowed_list(torch.from_numpy(ids_of_words(words, nz)))
