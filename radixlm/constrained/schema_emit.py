@@ -161,6 +161,10 @@ class _Emitter:
             out["propertyNames"] = self.emit(names, f"{path}/propertyNames")
         if self.target == "outlines":
             return self._outlines_object(out, path)
+        if self.target == "xgrammar" and "properties" in out:  # strict: only the listed ones exist
+            for key in [k for k in ("minProperties", "maxProperties") if k in out]:
+                self.notes.append(f"{key} at {path}")
+                del out[key]
         return self._drop_inexact(out, path)
 
     def _outlines_object(self, out: dict[str, Any], path: str) -> dict[str, Any]:
@@ -196,6 +200,8 @@ class _Emitter:
                 out["items"] = False
         elif items:
             out["items"] = items
+        elif self.target == "xgrammar":
+            out["items"] = True  # its strict mode reads a missing `items` as false
         if prefix:
             out["prefixItems"] = prefix
         if out.get("minItems", 0) > out.get("maxItems", math.inf):
