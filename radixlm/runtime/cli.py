@@ -202,9 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import logging
 
+    from radixlm.runtime.model.default_model import DefaultModelUnavailable
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except DefaultModelUnavailable as exc:  # offline on first use: the fix, not a traceback
+        print(f"radixlm: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
