@@ -102,7 +102,7 @@ class SchedulerLoop:
                 self._drain_inbox()
             if self.scheduler.has_work():
                 self._step()
-                self.status.maybe_log(self.scheduler)
+            self.status.maybe_log(self.scheduler)  # also when idle: work that starts later is measured anew
             self._maybe_heartbeat()
 
     def _drain_inbox(self) -> None:

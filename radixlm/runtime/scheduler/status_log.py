@@ -28,19 +28,22 @@ class StatusLog:
         self.clock = clock
         self._since = clock()
         self._num_output_tokens = 0
+        self._busy = False
 
     def on_outputs(self, outputs: list[TokenOut]) -> None:
         self._num_output_tokens += sum(len(out.new_ids) for out in outputs)
 
     def maybe_log(self, scheduler: Scheduler) -> str | None:
-        """Log (and return) the status line if the interval has passed and there is work."""
+        """Each loop turn: log (and return) the status line once the interval has passed with work."""
         now = self.clock()
+        busy = bool(scheduler.running or scheduler.waiting)
+        if not self._busy or not busy:  # work (re)starts, or stops: the next line measures from here
+            self._busy, self._since, self._num_output_tokens = busy, now, 0
+            return None
         if now - self._since < self.interval_s:
             return None
         elapsed, tokens = now - self._since, self._num_output_tokens
         self._since, self._num_output_tokens = now, 0
-        if not (scheduler.running or scheduler.waiting):
-            return None  # idle: nothing to report, and the next line measures from now
         line = status_line(scheduler, tokens / elapsed if elapsed > 0 else 0.0)
         logger.info(line)
         return line
