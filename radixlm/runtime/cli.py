@@ -22,7 +22,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=ModelConfig.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default=ModelConfig.device)
     p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU (default: all cores)")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch threads on CPU (default: every core; `serve` leaves one core to its IO "
+                        "processes on 3-8 cores, docs/server.md)")
     p.add_argument("--attention-backend", default=ModelConfig.attention_backend, choices=["auto", "torch", "triton"])
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV cache capacity in tokens")
     p.add_argument("--mem-fraction-static", type=float, default=CacheConfig.mem_fraction_static)
