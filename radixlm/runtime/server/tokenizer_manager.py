@@ -235,7 +235,8 @@ class TokenizerManager:
         """Exact match on the rid the client gave (all its children) or on one child rid. With a namespace,
         only that tenant's request: another tenant's rid is answered like an unknown one (False)."""
         children = self.client_rids.get(rid) or ([rid] if rid in self.handles else [])
-        if namespace is not None and any(self.handles[c].namespace != namespace for c in children if c in self.handles):
+        owners = {self.handles[c].namespace for c in children if c in self.handles}
+        if namespace is not None and owners - {namespace}:
             return False
         for child in children:
             self._abort_child(child)
