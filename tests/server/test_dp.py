@@ -175,10 +175,10 @@ def test_metrics_sum_the_ranks(dp_server):
 def test_killing_one_rank_takes_the_server_down(dp_server):
     """Last in the module: the shared dp=2 server is gone afterwards (the fixture's stop is then a no-op)."""
     os.kill(dp_server.pids["scheduler1"], signal.SIGKILL)
-    code = dp_server.proc.wait(30)
+    code = dp_server.proc.wait(180)
     assert code == 1, "".join(dp_server.lines[-20:])
     assert any("scheduler1 process died" in line for line in dp_server.lines)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # bounds a failure only
     while any(pid_alive(p) for p in dp_server.pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in dp_server.pids.values()), "orphan processes"

@@ -23,8 +23,11 @@ SMALL = ("--max-running-requests", "4", "--max-queued-requests", "4", "--max-tot
 @pytest.fixture(scope="module")
 def servers(tiny_llama_dir):
     """Start all of this module's servers at once so their start-ups overlap."""
-    procs = {"small": ServerProcess(tiny_llama_dir, *SMALL), "drain": ServerProcess(tiny_llama_dir),
-             "watchdog": ServerProcess(tiny_llama_dir, "--watchdog-timeout", "2"),
+    # Timeouts only bound a failure: a loaded machine must neither run out of drain time nor starve an
+    # idle scheduler's heartbeat long enough to look hung (2 s did, at load 16 on 2 cores).
+    procs = {"small": ServerProcess(tiny_llama_dir, *SMALL),
+             "drain": ServerProcess(tiny_llama_dir, "--drain-timeout", "600"),
+             "watchdog": ServerProcess(tiny_llama_dir, "--watchdog-timeout", "30"),
              "detok": ServerProcess(tiny_llama_dir), "main": ServerProcess(tiny_llama_dir)}
     try:
         for srv in procs.values():
@@ -39,10 +42,10 @@ def servers(tiny_llama_dir):
         srv.remove_tmpdir()
 
 
-def assert_gone(srv: ServerProcess, expect_success: bool, timeout: float = 30.0) -> None:
+def assert_gone(srv: ServerProcess, expect_success: bool, timeout: float = 180.0) -> None:
     code = srv.proc.wait(timeout)
     assert (code == 0) == expect_success, "".join(srv.lines[-20:])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # bounds a failure only
     while any(pid_alive(pid) for pid in srv.pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(pid) for pid in srv.pids.values()), "orphan processes"
@@ -124,7 +127,7 @@ def test_killing_the_scheduler_fails_fast_and_leaves_nothing(servers):
 def test_sigterm_drains_in_flight_work_then_exits_zero(servers):
     srv = servers["drain"]
     body = {"text": "Drain me", "stream": True,
-            "sampling_params": {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}}
+            "sampling_params": {"max_new_tokens": 100, "temperature": 0, "ignore_eos": True}}
     with srv.client() as client, client.stream("POST", "/generate", json=body) as res:
         lines = res.iter_lines()
         next(line for line in lines if line.startswith("data: "))
@@ -135,7 +138,7 @@ def test_sigterm_drains_in_flight_work_then_exits_zero(servers):
             refused = client.post("/generate", json={**body, "stream": False})
             assert refused.status_code == 503 and refused.headers["retry-after"]
         rest = [line for line in lines if line.startswith("data: ")]
-    assert rest[-1] == "data: [DONE]" and '"length": 300' in rest[-2]
+    assert rest[-1] == "data: [DONE]" and '"length": 100' in rest[-2]
     assert_gone(srv, expect_success=True)
 
 
