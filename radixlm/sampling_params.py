@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import regex
+
 from radixlm.errors import InvalidRequestError
 
 # Limits from ../shared/design/robustness.md (configurable at the server; these are the defaults).
@@ -148,6 +150,7 @@ class SamplingParams:
             raise SamplingParamError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
         if any(len(s) > MAX_STOP_STRING_CHARS or not s for s in self.stop):
             raise SamplingParamError("stop", f"stop strings must have 1..{MAX_STOP_STRING_CHARS} characters")
+        self._check_stop_regex()
         if any(t < 0 for t in self.stop_token_ids):
             raise SamplingParamError("stop_token_ids", "token ids must be >= 0")
         if self.sampling_seed is not None and not 0 <= self.sampling_seed < 2**63:
@@ -156,6 +159,17 @@ class SamplingParams:
             if not -100.0 <= bias <= 100.0:
                 raise SamplingParamError("logit_bias", "bias values must be in [-100, 100]")
         self._check_grammar()
+
+    def _check_stop_regex(self) -> None:
+        if len(self.stop_regex) > MAX_STOP_STRINGS:
+            raise SamplingParamError("stop_regex", f"at most {MAX_STOP_STRINGS} stop regexes")
+        for pattern in self.stop_regex:
+            if not pattern or len(pattern.encode()) > MAX_REGEX_BYTES:
+                raise SamplingParamError("stop_regex", f"stop regexes must have 1..{MAX_REGEX_BYTES} bytes")
+            try:
+                regex.compile(pattern)  # the module the stop search uses (runtime/incremental_detok.py)
+            except (regex.error, ValueError, OverflowError) as exc:
+                raise SamplingParamError("stop_regex", f"invalid regex: {exc}") from None
 
     def _check_grammar(self) -> None:
         given = [name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None]

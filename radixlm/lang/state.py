@@ -214,6 +214,12 @@ class ProgramStateGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """`forks[i] += ...` (SGLang's idiom): Python stores the branch back after extending it in place.
+        A branch can only be extended, never replaced by another state."""
+        if value is not self.states[i]:
+            raise TypeError("a fork's branch can only be extended in place (forks[i] += ...), not replaced")
+
     def __len__(self) -> int:
         return len(self.states)
 

@@ -1,7 +1,8 @@
 """The `radixlm` command line: argparse <-> engine options. The only module that knows CLI flags.
 
 Runs in the user's process. `radixlm generate "prompt"` streams a reply from the default model
-(SmolLM2-135M-Instruct unless --model-path says otherwise); `radixlm chat` is an interactive chat.
+(SmolLM2-135M-Instruct unless --model-path says otherwise); `radixlm chat` is an interactive chat
+(runtime/chat_repl.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=ModelConfig.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default=ModelConfig.device)
     p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--num-threads", type=int, default=None, help="torch threads on CPU (default: all cores)")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch threads on CPU (default: every core; `serve` leaves one core to its IO "
+                        "processes on 3-8 cores, docs/server.md)")
     p.add_argument("--attention-backend", default=ModelConfig.attention_backend, choices=["auto", "torch", "triton"])
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV cache capacity in tokens")
     p.add_argument("--mem-fraction-static", type=float, default=CacheConfig.mem_fraction_static)
@@ -49,23 +52,16 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+
+
+# Chat's default: the small default model repeats itself easily over a long reply.
+CHAT_REPETITION_PENALTY = 1.1
 
 
 def _params(args: argparse.Namespace) -> dict[str, Any]:
     return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-            "top_k": args.top_k, "sampling_seed": args.seed}
-
-
-def _stream_reply(engine, prompt: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    printed = ""
-    last: dict[str, Any] = {}
-    for chunk in engine.generate(prompt, params, stream=True):
-        text = chunk["text"]
-        sys.stdout.write(text[len(printed):])
-        sys.stdout.flush()
-        printed, last = text, chunk
-    sys.stdout.write("\n")
-    return printed, last.get("meta_info", {})
+            "top_k": args.top_k, "sampling_seed": args.seed, "repetition_penalty": args.repetition_penalty}
 
 
 def _chat_prompt(engine, messages: list[dict[str, str]]) -> str:
@@ -73,6 +69,7 @@ def _chat_prompt(engine, messages: list[dict[str, str]]) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from radixlm.runtime.chat_repl import stream_reply
     from radixlm.runtime.engine import Engine
 
     t0 = time.perf_counter()
@@ -80,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         load_s = time.perf_counter() - t0
         prompt = args.prompt if args.raw else _chat_prompt(engine, [{"role": "user", "content": args.prompt}])
         t1 = time.perf_counter()
-        _, meta = _stream_reply(engine, prompt, _params(args))
+        _, meta, _ = stream_reply(engine, prompt, _params(args))
         dt = time.perf_counter() - t1
         n = meta.get("completion_tokens", 0)
         print(f"[{n} tokens in {dt:.2f}s, {n / dt if dt else 0:.1f} tok/s; model loaded in {load_s:.1f}s; "
@@ -89,26 +86,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from radixlm.runtime.chat_repl import run_chat
     from radixlm.runtime.engine import Engine
 
     with Engine(args.model_path, **engine_options(args)) as engine:
-        messages: list[dict[str, str]] = []
-        if args.system:
-            messages.append({"role": "system", "content": args.system})
-        print("radixlm chat: an empty line or Ctrl-D quits.", file=sys.stderr)
-        while True:
-            try:
-                line = input("> ").strip()
-            except EOFError:
-                break
-            if not line:
-                break
-            messages.append({"role": "user", "content": line})
-            reply, meta = _stream_reply(engine, _chat_prompt(engine, messages), _params(args))
-            messages.append({"role": "assistant", "content": reply})
-            print(f"[cached {meta.get('cached_tokens', 0)}/{meta.get('prompt_tokens', 0)} prompt tokens]",
-                  file=sys.stderr)
-    return 0
+        return run_chat(engine, args.system, _params(args))
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -188,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None)
     add_engine_args(chat)
     _sampling_args(chat)
-    chat.set_defaults(func=cmd_chat)
+    chat.set_defaults(func=cmd_chat, repetition_penalty=CHAT_REPETITION_PENALTY)
     serve = sub.add_parser("serve", help="run the HTTP server (native + OpenAI APIs)")
     add_engine_args(serve)
     add_server_args(serve)
@@ -204,9 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import logging
 
+    from radixlm.runtime.model.default_model import DefaultModelUnavailable
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except DefaultModelUnavailable as exc:  # offline on first use: the fix, not a traceback
+        print(f"radixlm: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop-string search, shared by the scheduler (stop detection) and the
+"""Incremental detokenization and stop-string / stop_regex search, shared by the scheduler (stop detection) and the
 detokenizer (output text). Both run the same algorithm on the same ids, so they agree on the text.
 
 Decoding a growing id list token by token is wrong for byte-level BPE (a character can span tokens) and
@@ -8,6 +8,10 @@ no longer ends in a replacement character (an incomplete UTF-8 sequence).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
+
+import regex
 
 # Prompt tokens used as left context, so the first output token decodes with its real leading space.
 _CONTEXT_TOKENS = 4
@@ -74,4 +78,46 @@ def holdback_len(text: str, stops: list[str]) -> int:
             if text.endswith(stop[:k]):
                 best = k
                 break
+    return best
+
+
+# stop_regex: a match is looked for in the last this-many characters of the output (a match may not be
+# longer), and one search may take at most this long (a pathological pattern must not stall the scheduler).
+STOP_REGEX_WINDOW_CHARS = 4096
+STOP_REGEX_TIMEOUT_S = 0.05
+
+
+@lru_cache(maxsize=256)
+def compile_stop_regex(pattern: str) -> regex.Pattern:
+    """The `regex` module (not `re`): it reports partial matches at the end of the text (for hold-back)
+    and can time a search out."""
+    return regex.compile(pattern)
+
+
+def find_stop_regex(text: str, patterns: list[str], start: int) -> tuple[str, int] | None:
+    """Earliest non-empty match of any stop regex that ends after `start` (the text already scanned):
+    returns (pattern, char index of the match) or None. Raises TimeoutError for a runaway pattern."""
+    best: tuple[str, int] | None = None
+    lo = max(0, start - STOP_REGEX_WINDOW_CHARS)
+    for pattern in patterns:
+        for m in compile_stop_regex(pattern).finditer(text, lo, timeout=STOP_REGEX_TIMEOUT_S):
+            if m.end() > start and m.end() > m.start():
+                if best is None or m.start() < best[1]:
+                    best = (pattern, m.start())
+                break
+    return best
+
+
+def regex_holdback_len(text: str, patterns: list[str]) -> int:
+    """Length of the tail of `text` that is the start of a possible stop_regex match (a partial match
+    running to the end of the text): streaming holds it back, like a stop string's prefix."""
+    best = 0
+    lo = max(0, len(text) - STOP_REGEX_WINDOW_CHARS)
+    for pattern in patterns:
+        try:
+            for m in compile_stop_regex(pattern).finditer(text, lo, partial=True, timeout=STOP_REGEX_TIMEOUT_S):
+                if m.partial:
+                    best = max(best, len(text) - m.start())
+        except TimeoutError:
+            best = max(best, len(text) - lo)  # unsure: hold the window back (the scheduler ends it anyway)
     return best

@@ -1,9 +1,9 @@
 """ResponseState: per-request text and meta_info assembled from the scheduler's TokenOuts, in the native
 /generate shape of wire-protocol.md. Runs in the detokenizer (server) or the Engine's user process.
 
-Text rules: stop strings are trimmed from the final text (unless no_stop_trim), a matched stop token
-(eos or stop_token_ids) is left out of the text, and while streaming, a tail that could still become a
-stop string is held back so streamed text never has to be taken back.
+Text rules: stop strings and stop_regex matches are trimmed from the final text (unless no_stop_trim), a
+matched stop token (eos or stop_token_ids) is left out of the text, and while streaming, a tail that could
+still become a stop string or a stop_regex match is held back so streamed text never has to be taken back.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from radixlm.constrained.validate import JsonCheck, check_json_output
 from radixlm.runtime.generate_input import PreparedReq
-from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop, holdback_len
+from radixlm.runtime.incremental_detok import (IncrementalDecoder, find_stop, find_stop_regex, holdback_len,
+                                               regex_holdback_len)
 from radixlm.runtime.messages import TokenOut
 
 
@@ -61,13 +62,23 @@ class ResponseState:
         self.text = self.decoder.text
         if finish is not None and finish["type"] == "stop" and isinstance(finish.get("matched"), str):
             if not self.params.no_stop_trim:
-                hit = find_stop(self.text, [finish["matched"]], before)
+                hit = self._find_matched(finish["matched"], before)
                 if hit is not None:
                     self.text = self.text[: hit[1]]
         self.finish = finish
         if finish is not None and finish["type"] != "abort" and self.error is None and self.params.json_schema:
             self.json_check = check_json_output(self.params.json_schema, self.text, finish["type"] != "length")
         self._add_logprobs(out)
+
+    def _find_matched(self, matched: str, before: int) -> tuple[str, int] | None:
+        """Where the scheduler's stop string (or stop_regex, named by its pattern) matched, in the same
+        text: the search both sides share (incremental_detok.py)."""
+        if matched in self.params.stop or matched not in self.params.stop_regex:
+            return find_stop(self.text, [matched], before)
+        try:
+            return find_stop_regex(self.text, [matched], before)
+        except TimeoutError:
+            return None
 
     def _rollback(self, num: int) -> None:
         """Jump-forward re-tokenized the tail: rebuild the decoder on the surviving ids. The text that
@@ -98,9 +109,10 @@ class ResponseState:
 
     def visible_text(self) -> str:
         """Streaming: the text minus a tail that might still turn into a stop string."""
-        if self.finished or not self.params.stop:
+        if self.finished or not (self.params.stop or self.params.stop_regex):
             return self.text
-        return self.text[: len(self.text) - holdback_len(self.text, self.params.stop)]
+        held = max(holdback_len(self.text, self.params.stop), regex_holdback_len(self.text, self.params.stop_regex))
+        return self.text[: len(self.text) - held]
 
     def to_dict(self, streaming: bool = False) -> dict[str, Any]:
         msg, last = self.prepared.msg, self.last

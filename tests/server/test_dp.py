@@ -19,7 +19,8 @@ from radixlm.runtime.server.dp_dispatch import DpDispatcher, combine, scheduler_
 from radixlm.runtime.server.metrics import ServerMetrics
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
-from .conftest import CANARY, ServerProcess, assert_healthy, ipc_dirs, pid_alive
+from .conftest import (ADMIN_KEY, CANARY, LONG_PARAMS, ServerProcess, assert_healthy, ipc_dirs, num_running,
+                       pid_alive, wait_until)
 
 PREFIX = ("You are a careful assistant for the tenant Orion. Answer briefly, cite sources, never guess, and "
           "keep every answer under three sentences. ")
@@ -81,7 +82,7 @@ def test_greedy_outputs_match_dp1_under_concurrency(dp_server, server):
     with server.client() as ref:
         expected = [generate(ref, p)["output_ids"] for p in PROMPTS]
     with dp_server.client() as c, ThreadPoolExecutor(len(PROMPTS)) as pool:
-        assert c.post("/flush_cache").status_code == 200
+        assert c.post("/flush_cache", headers=dp_server.headers(ADMIN_KEY)).status_code == 200
         before = c.get("/get_server_info").json()
         got = list(pool.map(lambda p: generate(c, p)["output_ids"], PROMPTS))
         after = c.get("/get_server_info").json()
@@ -97,7 +98,7 @@ def test_greedy_outputs_match_dp1_under_concurrency(dp_server, server):
 
 def test_shared_prefix_stays_on_one_rank(dp_server):
     with dp_server.client() as c:
-        assert c.post("/flush_cache").status_code == 200
+        assert c.post("/flush_cache", headers=dp_server.headers(ADMIN_KEY)).status_code == 200
         start = routed(c)
         metas = [generate(c, PREFIX + f"Question {i}: what is {i} plus {i}?", max_new_tokens=2)["meta_info"]
                  for i in range(4)]
@@ -131,34 +132,26 @@ def test_n_children_share_a_rank_and_openai_chat_works(dp_server):
 
 
 def test_abort_by_rid_abort_all_and_flush(dp_server):
-    long = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}
-    with dp_server.client() as c, ThreadPoolExecutor(2) as pool:
-        body = {"text": PROMPTS[0], "rid": "dp-long", "stream": True, "sampling_params": long}
+    with dp_server.client() as c, dp_server.client(ADMIN_KEY) as admin, ThreadPoolExecutor(2) as pool:
+        body = {"text": PROMPTS[0], "rid": "dp-long", "stream": True, "sampling_params": LONG_PARAMS}
         with c.stream("POST", "/generate", json=body) as res:
             lines = res.iter_lines()
             next(line for line in lines if line.startswith("data: "))
-            # At once: 400 tokens take about a second on the tiny model.
             assert c.post("/abort_request", json={"rid": "dp-long"}).json()["aborted"] is True
             events = [json.loads(l[6:]) for l in lines if l.startswith("data: ") and l != "data: [DONE]"]
         assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-        assert c.post("/flush_cache").status_code == 200  # idle again: both routing trees start empty
-        # Two long requests on two ranks (unrelated prompts spread), both ended by one abort_all.
-        futures = [pool.submit(c.post, "/generate", json={"text": p, "sampling_params": long})
+        assert admin.post("/flush_cache").status_code == 200  # idle again: both routing trees start empty
+        # Two long requests on two ranks (unrelated prompts spread), both ended by one abort_all. They
+        # outlive the test unless aborted, so both are certainly still running when abort_all lands.
+        futures = [pool.submit(c.post, "/generate", json={"text": p, "sampling_params": LONG_PARAMS})
                    for p in PROMPTS[1:3]]
-        deadline = time.monotonic() + 20
-        while c.get("/get_server_info").json()["num_running_reqs"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: num_running(dp_server) == 2, "both requests run")
         running = [r["num_running_reqs"] for r in c.get("/get_server_info").json()["dp_ranks"]]
         assert c.post("/abort_request", json={"abort_all": True}).status_code == 200
         results = [f.result().json()["meta_info"] for f in futures]
-        # 400 tokens take about a second on the tiny model, and a loaded 2-core CI machine can stall this
-        # thread that long between the count above and the abort: a request may end by length just before
-        # abort_all lands (seen once in CI). abort_all must end every request still running.
-        kinds = [m["finish_reason"]["type"] for m in results]
-        assert "abort" in kinds, results
-        assert all(k == "abort" or (k == "length" and m["completion_tokens"] == 400) for k, m in zip(kinds, results))
+        assert [m["finish_reason"]["type"] for m in results] == ["abort", "abort"], results
         assert running == [1, 1], running
-        assert c.post("/flush_cache").status_code == 200
+        assert admin.post("/flush_cache").status_code == 200
         info = c.get("/get_server_info").json()
         assert all(r["tree_tokens"] == 0 and r["load"] == 0 for r in info["dp_routing"])
         assert all(r["cache_stats"]["cached_tree_tokens"] == 0 for r in info["dp_ranks"])
@@ -168,20 +161,24 @@ def test_abort_by_rid_abort_all_and_flush(dp_server):
 def test_metrics_sum_the_ranks(dp_server):
     with dp_server.client() as c:
         generate(c, PROMPTS[4])
-        time.sleep(1.2)  # a fresh heartbeat from both ranks (every 0.5 s)
-        metrics = c.get("/metrics").text
-    total = next(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("radixlm_kv_total_tokens "))
-    ranks = dp_server.debug()["scheduler"]["dp_ranks"]
-    assert total == sum(r["num_total_tokens"] for r in ranks) and len(ranks) == 2
+        ranks = dp_server.debug()["scheduler"]["dp_ranks"]
+
+        def kv_total() -> float:
+            metrics = c.get("/metrics").text
+            return next(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("radixlm_kv_total_tokens "))
+
+        # The gauge is summed from each rank's latest heartbeat (every 0.5 s): wait for both to be in.
+        wait_until(lambda: kv_total() == sum(r["num_total_tokens"] for r in ranks), "the gauge sums both ranks")
+    assert len(ranks) == 2
 
 
 def test_killing_one_rank_takes_the_server_down(dp_server):
     """Last in the module: the shared dp=2 server is gone afterwards (the fixture's stop is then a no-op)."""
     os.kill(dp_server.pids["scheduler1"], signal.SIGKILL)
-    code = dp_server.proc.wait(30)
+    code = dp_server.proc.wait(180)
     assert code == 1, "".join(dp_server.lines[-20:])
     assert any("scheduler1 process died" in line for line in dp_server.lines)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # bounds a failure only
     while any(pid_alive(p) for p in dp_server.pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in dp_server.pids.values()), "orphan processes"

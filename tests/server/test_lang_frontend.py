@@ -3,13 +3,17 @@ flush_cache and server info, with results checked against the native API."""
 
 from __future__ import annotations
 
-import radixlm as sgl
+import pytest
 
-from .conftest import TENANT_KEYS, assert_healthy
+import radixlm as sgl
+from radixlm.lang.backend.runtime_endpoint import RuntimeEndpointError
+
+from .conftest import ADMIN_KEY, TENANT_KEYS, assert_healthy
 
 
 def test_lang_programs_against_the_server(server, client):
     backend = sgl.RuntimeEndpoint(server.url, api_key=TENANT_KEYS[0])
+    admin = sgl.RuntimeEndpoint(server.url, api_key=ADMIN_KEY)
 
     @sgl.function
     def prog(s):
@@ -30,8 +34,12 @@ def test_lang_programs_against_the_server(server, client):
         # The forks and the select still run after "a" has streamed; the server (like SGLang's) refuses a
         # flush while requests run, so read the stream to the program's end first.
         assert "".join(streamed.text_iter()).endswith(("Paris", "Rome"))
-        backend.flush_cache()
+        # Flushing the shared cache is the admin's (docs/server.md): a tenant key gets a clear 403.
+        with pytest.raises(RuntimeEndpointError, match="admin API key"):
+            backend.flush_cache()
+        admin.flush_cache()
         assert backend.get_server_info()["max_total_num_tokens"] > 0
     finally:
         backend.shutdown()
+        admin.shutdown()
     assert_healthy(server)

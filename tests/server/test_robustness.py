@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from .conftest import ADMIN_KEY, TENANT_KEYS, assert_healthy
+from .conftest import ADMIN_KEY, LONG_CONTEXT, TENANT_KEYS, assert_healthy
+
+TOO_LONG = int(LONG_CONTEXT[1]) + 100  # prompt tokens past the test servers' context
 
 INTERNALS = re.compile(r"Traceback|\.py\b|/(tmp|home|root|usr|work)/|radixlm\.")  # no paths or internals
 G = "/generate"
@@ -99,10 +101,10 @@ JSON_CASES = [
     (G, {"input_ids": [], "sampling_params": {}}, 400, "input_ids"),
     (G, {"input_ids": [-1, 2], "sampling_params": {}}, 400, "input_ids"),
     (G, {"input_ids": [10**6], "sampling_params": {}}, 400, "input_ids"),
-    (G, {"input_ids": [1] * 600, "sampling_params": {"max_new_tokens": 1}}, 400, "max_new_tokens"),
+    (G, {"input_ids": [1] * TOO_LONG, "sampling_params": {"max_new_tokens": 1}}, 400, "max_new_tokens"),
     (G, {"text": "x" * ((1 << 20) + 1), "sampling_params": {}}, 400, "text"),
     (CHAT, chat(messages=[{"role": "user", "content": "x" * ((1 << 20) + 1)}]), 400, "messages"),
-    (CHAT, chat(messages=[{"role": "user", "content": "word " * 2000}]), 400, "max_tokens"),
+    (CHAT, chat(messages=[{"role": "user", "content": "word " * TOO_LONG}]), 400, "max_tokens"),
 ]
 
 

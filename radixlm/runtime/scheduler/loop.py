@@ -23,6 +23,7 @@ from radixlm.runtime.builder import BuiltScheduler, build_scheduler, make_req
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.messages import (AbortReq, BatchTokenOut, ControlReq, ControlResp, GenerateReq, Heartbeat,
                                       ProcessReady, TokenOut, encode)
+from radixlm.runtime.scheduler.status_log import StatusLog
 from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger("radixlm.scheduler")
@@ -91,6 +92,7 @@ class SchedulerLoop:
         self.to_tm = to_tm
         self.decoder = msgspec.msgpack.Decoder(InboundMsg)
         self._last_heartbeat = 0.0
+        self.status = StatusLog()
 
     def run(self) -> None:
         while True:
@@ -100,6 +102,7 @@ class SchedulerLoop:
                 self._drain_inbox()
             if self.scheduler.has_work():
                 self._step()
+            self.status.maybe_log(self.scheduler)  # also when idle: work that starts later is measured anew
             self._maybe_heartbeat()
 
     def _drain_inbox(self) -> None:
@@ -155,6 +158,7 @@ class SchedulerLoop:
             outputs = self.scheduler.abort_all(f"internal error ({type(exc).__name__})")
             for out in outputs:
                 out.error = {"message": "internal error", "param": None, "code": "internal_error"}
+        self.status.on_outputs(outputs)
         self._send_outputs(outputs)
 
     def _send_outputs(self, outputs: list[TokenOut]) -> None:

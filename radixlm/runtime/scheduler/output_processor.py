@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from radixlm.constrained.bitmask import GrammarMask
-from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop
+from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop, find_stop_regex
 from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.model import logprobs as lp
 from radixlm.runtime.model.sampler import Sampler, SamplingRow
@@ -172,7 +172,7 @@ class OutputProcessor:
             return None
         if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
             return FinishReason("stop", matched=token)
-        if params.stop:
+        if params.stop or params.stop_regex:
             return self._check_stop_strings(req, token)
         return None
 
@@ -185,8 +185,14 @@ class OutputProcessor:
             req.stop_checked_len = len(dec.text)
             self._stop_decoders[req.rid] = dec
         dec.push([token])
-        hit = find_stop(dec.text, req.params.stop, req.stop_checked_len)
-        req.stop_checked_len = len(dec.text)
+        checked, req.stop_checked_len = req.stop_checked_len, len(dec.text)
+        hit = find_stop(dec.text, req.params.stop, checked)
+        if hit is None and req.params.stop_regex:
+            try:
+                hit = find_stop_regex(dec.text, req.params.stop_regex, checked)
+            except TimeoutError:
+                return FinishReason("abort", message="a stop_regex search took too long")
+        # A stop_regex match reports its pattern as `matched`; the output side finds the match again.
         return FinishReason("stop", matched=hit[0]) if hit else None
 
     def make_output(self, req: Req, new_ids: list[int], rollback: int = 0) -> TokenOut:

@@ -23,6 +23,11 @@ _TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 40
                    404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
                    503: "service_unavailable"}
 RETRY_AFTER_S = "1"
+# Codes the scheduler may attach to an abort finish; anything else it attaches is the client's fault (400,
+# e.g. a grammar that fails to compile), with the finish message as the error message.
+SERVER_SIDE_CODES = {"queue_full": (503, "server overloaded: the waiting queue is full"),
+                     "server_unhealthy": (503, "the server is unhealthy"),
+                     "internal_error": (500, "internal server error")}
 
 
 class APIError(Exception):

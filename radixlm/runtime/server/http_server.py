@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from radixlm.runtime.config import GrammarConfig, ServerConfig
-from radixlm.runtime.server.errors import APIError, error_body, error_response, install_error_handlers
+from radixlm.runtime.server.errors import (SERVER_SIDE_CODES, APIError, error_body, error_response,
+                                           install_error_handlers)
 from radixlm.runtime.server.middleware import AuthMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from radixlm.runtime.messages import StrOut
 from radixlm.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
@@ -101,13 +102,6 @@ async def wait_results(request: Request, tm: TokenizerManager, handle: RequestHa
             task.cancel()
         if not handle.finished:
             tm.abort(handle)
-
-
-# Codes the scheduler may attach to an abort finish; anything else it attaches is the client's fault (400,
-# e.g. a grammar that fails to compile), with the finish message as the error message.
-SERVER_SIDE_CODES = {"queue_full": (503, "server overloaded: the waiting queue is full"),
-                     "server_unhealthy": (503, "the server is unhealthy"),
-                     "internal_error": (500, "internal server error")}
 
 
 def result_error(result: dict[str, Any]) -> APIError | None:
@@ -256,7 +250,9 @@ def _install_native_routes(app: FastAPI, ctx: AppContext) -> None:
         return JSONResponse({})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
+    async def flush_cache(request: Request) -> Response:
+        if not request.state.is_operator:  # the cache is shared: a flush costs every tenant its prefixes
+            raise APIError(403, "flushing the cache needs the admin API key", None, "admin_only")
         resp = await tm.flush_cache()
         if not resp.ok:
             return error_response(400, "cannot flush the cache while requests are running", None, "busy")
@@ -265,13 +261,15 @@ def _install_native_routes(app: FastAPI, ctx: AppContext) -> None:
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         obj = await read_object(request)
+        # A tenant acts on its own requests only; an operator (docs/server.md) on everyone's.
+        scope = None if request.state.is_operator else request.state.namespace
         if check_bool(obj, "abort_all"):
-            tm.abort_all()
+            tm.abort_all(scope)
             return JSONResponse({})
         rid = obj.get("rid")
         if not isinstance(rid, str) or not rid:
             raise APIError(400, "rid must be a non-empty string", "rid", "invalid_type")
-        return JSONResponse({"aborted": tm.abort_rid(rid)})
+        return JSONResponse({"aborted": tm.abort_rid(rid, scope)})
 
     @app.post("/concate_and_append_request")
     async def concate_and_append(request: Request) -> Response:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import re
 import time
@@ -51,6 +52,20 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+_LOGGED_ERROR_BYTES = 4096
+
+
+def _error_reason(body: bytes) -> str:
+    """` code=... error="..."` from an error envelope, for the access log line ("" if there is none)."""
+    if not body:
+        return ""
+    try:
+        err = json.loads(body)["error"]
+        return f" code={err.get('code')} error={json.dumps(err.get('message'))}"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+
+
 class RequestIdMiddleware:
     """Every response gets X-Request-Id (the client's, if well-formed, else a new one); one log line per
     request with its id, so scheduler-side logs (which name the rid) can be joined to it."""
@@ -65,23 +80,28 @@ class RequestIdMiddleware:
         request_id = given if given and _CLIENT_RID.match(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         status = [0]
+        error_body = bytearray()  # of an error response (its first bytes): the reason goes into the log line
         start = time.perf_counter()
 
         async def send_with_id(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            elif message["type"] == "http.response.body" and status[0] >= 400:
+                error_body.extend(message.get("body", b"")[: _LOGGED_ERROR_BYTES - len(error_body)])
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            logger.info("request_id=%s method=%s path=%s status=%d duration_ms=%.1f", request_id,
-                        scope.get("method"), scope.get("path"), status[0], 1000 * (time.perf_counter() - start))
+            logger.info("request_id=%s method=%s path=%s status=%d duration_ms=%.1f%s", request_id,
+                        scope.get("method"), scope.get("path"), status[0], 1000 * (time.perf_counter() - start),
+                        _error_reason(bytes(error_body)))
 
 
 class AuthMiddleware:
-    """Bearer-key check on every route but the allowlist; sets state.namespace and state.is_admin."""
+    """Bearer-key check on every route but the allowlist; sets state.namespace, state.is_admin and
+    state.is_operator."""
 
     def __init__(self, app: ASGIApp, api_keys: tuple[str, ...], admin_api_key: str | None):
         self.app = app
@@ -108,6 +128,10 @@ class AuthMiddleware:
         state = scope.setdefault("state", {})
         ok, namespace, is_admin = self._identify(scope)
         state["namespace"], state["is_admin"] = namespace, is_admin
+        # Server-wide actions (flush the shared cache, abort every tenant's requests): the admin key; on an
+        # open server anyone; with SGLang's single --api-key and no admin key, that key (no other tenant).
+        single_tenant = len(self.keys) == 1 and self.admin_key is None
+        state["is_operator"] = is_admin or not self.keys or (single_tenant and ok)
         raw_path = scope.get("raw_path", b"").split(b"?")[0].decode("latin-1")
         needs_key = bool(self.keys) and raw_path not in AUTH_ALLOWLIST
         if needs_key and not ok:

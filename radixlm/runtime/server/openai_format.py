@@ -16,7 +16,7 @@ from radixlm.sampling_params import MAX_TOP_LOGPROBS
 # OpenAI field -> native sampling key; extensions (wire-protocol.md) keep their native names.
 _RENAMED = {"seed": "sampling_seed", "min_tokens": "min_new_tokens"}
 _PASSTHROUGH = ("temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                "repetition_penalty", "regex", "json_schema", "ebnf", "stop_token_ids", "ignore_eos",
+                "repetition_penalty", "regex", "json_schema", "ebnf", "stop_token_ids", "stop_regex", "ignore_eos",
                 "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
 # Native param name in an error -> the /v1 name the client actually sent.
 OPENAI_PARAM_NAMES = {"max_new_tokens": "max_tokens", "sampling_seed": "seed", "min_new_tokens": "min_tokens"}

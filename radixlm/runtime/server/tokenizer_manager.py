@@ -35,8 +35,9 @@ InboundMsg = Union[BatchStrOut, ControlResp, ProcessReady, Heartbeat]
 class RequestHandle:
     """One accepted /generate call: every prompt of a batch and its n children (prompt-major order)."""
 
-    def __init__(self, rids: list[str], stream: bool):
+    def __init__(self, rids: list[str], stream: bool, namespace: str = ""):
         self.rids = rids
+        self.namespace = namespace  # the tenant's: only it (or an operator) may abort the request
         self.index = {rid: i for i, rid in enumerate(rids)}
         self.stream = stream
         self.queue: asyncio.Queue[StrOut] = asyncio.Queue()
@@ -193,7 +194,7 @@ class TokenizerManager:
         self.check_admission(len(rids))
         if len(set(rids)) != len(rids) or any(r in self.handles for r in rids):
             raise APIError(400, "a request with this rid is already running", "rid", "duplicate_rid")
-        handle = RequestHandle(rids, stream)
+        handle = RequestHandle(rids, stream, prepared[0].msg.namespace)
         ranks = []
         for p, group in zip(prepared, groups):
             for rid in group:
@@ -230,16 +231,25 @@ class TokenizerManager:
             if rid not in handle.results:
                 self._abort_child(rid)
 
-    def abort_rid(self, rid: str) -> bool:
-        """Exact match on the rid the client gave (all its children) or on one child rid."""
+    def abort_rid(self, rid: str, namespace: str | None = None) -> bool:
+        """Exact match on the rid the client gave (all its children) or on one child rid. With a namespace,
+        only that tenant's request: another tenant's rid is answered like an unknown one (False)."""
         children = self.client_rids.get(rid) or ([rid] if rid in self.handles else [])
+        owners = {self.handles[c].namespace for c in children if c in self.handles}
+        if namespace is not None and owners - {namespace}:
+            return False
         for child in children:
             self._abort_child(child)
         return bool(children)
 
-    def abort_all(self) -> None:
-        for sock in self.to_schedulers:
-            sock.send(encode(AbortReq(abort_all=True)))
+    def abort_all(self, namespace: str | None = None) -> None:
+        """Every request (namespace None: the schedulers drop all they hold), or every one of a tenant's."""
+        if namespace is None:
+            for sock in self.to_schedulers:
+                sock.send(encode(AbortReq(abort_all=True)))
+            return
+        for handle in {id(h): h for h in self.handles.values() if h.namespace == namespace}.values():
+            self.abort(handle)
 
     def fail_all(self, message: str) -> None:
         """The scheduler or detokenizer is gone: end every waiting request with an abort now."""
