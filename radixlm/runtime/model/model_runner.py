@@ -14,7 +14,7 @@ import torch
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
-from radixlm.runtime.model.host_copy import to_device
+from radixlm.runtime.forward import to_device
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
 from radixlm.runtime.model.weight_layout import apply_weight_layout, resolve_layout

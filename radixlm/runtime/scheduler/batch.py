@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.model.host_copy import to_device
+from radixlm.runtime.forward import to_device
 from radixlm.runtime.model.layers.attention import AttentionMetadata
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable
 from radixlm.runtime.scheduler.request import Req
@@ -60,7 +60,7 @@ def build_forward_batch(rows: list[PlannedRow], table: ReqToTokenTable, sm_scale
     prefix_lens = [r.start for r in rows]
     extend_lens = [r.num_new for r in rows]
     # Every per-step integer goes to the device in ONE copy, queued without a host sync on CUDA
-    # (model/host_copy.py): seven `torch.tensor(..., device=cuda)` calls were seven host syncs per step.
+    # (runtime/forward.py): seven `torch.tensor(..., device=cuda)` calls were seven host syncs per step.
     parts = [ids, positions, token_rows, [r.req.row for r in rows], seq_lens, prefix_lens, extend_lens, starts]
     packed = to_device(torch.tensor([x for part in parts for x in part], dtype=torch.int64), device)
     (ids_t, positions_t, token_rows_t, req_rows_t, seq_lens_t, prefix_lens_t, extend_lens_t,
