@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 
 from radixlm.runtime.config import ModelConfig
-from radixlm.runtime.model.layers.attention import AttentionMetadata
-from radixlm.runtime.scheduler.batch import ForwardBatch
+from radixlm.runtime.forward import AttentionMetadata, ForwardBatch
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +85,8 @@ def run_worker(mc: ModelConfig, rank: int) -> None:
 
     from radixlm.runtime.model import dist_init
     from radixlm.runtime.model.model_runner import ModelRunner, _context_len, resolve_device, resolve_dtype
+    from radixlm.runtime.model.kv_pool import KVPool
     from radixlm.runtime.model.tp_driver import load_sharded_model
-    from radixlm.runtime.scheduler.memory_pool import KVPool
 
     layout = dist_init.tp_layout(mc)
     device = dist_init.rank_device(resolve_device(mc.device), layout, rank)
