@@ -1,18 +1,36 @@
-"""Intermediate representation of a frontend program: sampling overrides and expression nodes.
+"""GenParams: the sampling options of one `gen` (or a run()'s defaults), derived from SamplingParams.
 
-Runs in the user's process. A program appends expressions to its state (`s += gen("x")`); the
-interpreter executes them in order. Nodes are plain values: the interpreter never mutates them, so
-one node (e.g. a module-level `gen`) may be appended to many states.
+Runs in the user's process. radixlm/sampling_params.py is the one list of sampling parameters: every
+field of SamplingParams is a keyword of gen, gen_int, gen_string, run and run_batch under its own name
+(plus SGLang's frontend spellings max_tokens / min_tokens). Only the options that exist in the frontend
+alone are listed here: the native request's top-level logprob fields, and `dtype`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
-if TYPE_CHECKING:
-    from radixlm.lang.choices import ChoicesSamplingMethod
+from radixlm.sampling_params import SamplingParams
+
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SamplingParams))
+# SGLang's frontend spells these SamplingParams fields differently in gen().
+GEN_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+FRONTEND_FIELDS = (*LOGPROB_FIELDS, "dtype")
+# Every name run() / run_batch() take as a sampling option (the rest are program arguments).
+RUN_OPTION_NAMES: frozenset[str] = frozenset((*SAMPLING_FIELDS, *FRONTEND_FIELDS))
+# ... and gen(), which also takes SGLang's aliases.
+GEN_OPTION_NAMES: frozenset[str] = RUN_OPTION_NAMES | frozenset(GEN_ALIASES)
+# Sent in every native request whatever their value, in this order, as SGLang's to_srt_kwargs does; the
+# other fields go only when the program sets them (a stock SGLang server knows no `choices`).
+_ALWAYS_SENT = ("skip_special_tokens", "spaces_between_special_tokens", "max_new_tokens", "min_new_tokens",
+                "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+                "frequency_penalty", "presence_penalty", "ignore_eos", "regex", "json_schema")
+_LIST_FIELDS = ("stop", "stop_token_ids", "stop_regex")
 
 # The regexes SGLang's frontend uses for `dtype=`; kept identical so programs behave the same.
 REGEX_INT = r"[-+]?[0-9]+[ \n]*"
@@ -28,57 +46,64 @@ _DTYPE_REGEX: dict[str, tuple[str, bool]] = {
     "bool": (REGEX_BOOL, False),
 }
 
-# Fields a `gen` may override; `None` means "inherit the run() default".
-OVERRIDABLE = (
-    "max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
-    "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
-    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "dtype", "regex", "json_schema",
-)
-
 
 @dataclass(frozen=True)
 class GenParams:
     """Sampling parameters of one `gen`, as the frontend sees them (SGLang's SglSamplingParams).
 
-    As an override (inside `gen`) every field is optional; `run()` builds the defaults and the
-    interpreter merges the two with `merged_with`.
+    `sampling` holds the values (SamplingParams' own defaults where nothing was set); `explicit` names the
+    fields that were set, so an override (inside `gen`) applies only those. `run()` builds the defaults
+    and the interpreter merges the two with `merged_with`.
     """
 
-    max_new_tokens: int | None = 128
-    min_new_tokens: int | None = 0
-    n: int | None = 1
-    stop: str | list[str] | tuple[str, ...] | None = ()
-    stop_token_ids: list[int] | tuple[int, ...] | None = ()
-    stop_regex: str | list[str] | tuple[str, ...] | None = ()
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0
-    top_k: int | None = -1
-    min_p: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
-    ignore_eos: bool | None = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    explicit: frozenset[str] = frozenset()
     return_logprob: bool | None = None
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool | None = None
     dtype: type | str | None = None
-    regex: str | None = None
-    json_schema: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """`params.temperature` etc.: backends (a plug point users implement) read the values by name,
+        as on SGLang's SglSamplingParams. Only called for names that are not real attributes."""
+        if name in SAMPLING_FIELDS:
+            return getattr(object.__getattribute__(self, "sampling"), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "GenParams":
+        """From gen() / run() keywords (SamplingParams names, SGLang's aliases, the frontend-only
+        fields); a None value means "not set". Unknown names raise TypeError."""
+        sampling: dict[str, Any] = {}
+        frontend: dict[str, Any] = {}
+        for key, value in options.items():
+            name = GEN_ALIASES.get(key, key)
+            if name not in RUN_OPTION_NAMES:
+                raise TypeError(f"unknown sampling parameter {key!r}")
+            if value is None:
+                continue
+            if name == "json_schema" and isinstance(value, dict):
+                value = json.dumps(value)  # the wire format carries the schema as a JSON string
+            if name == "regex":
+                re.compile(value)  # fail at the program line, not inside the server
+            (sampling if name in SAMPLING_FIELDS else frontend)[name] = value
+        return cls(SamplingParams(**sampling), frozenset(sampling), **frontend)
 
     @classmethod
     def override(cls, **values: Any) -> "GenParams":
-        """An override object: every field not given is None (inherit)."""
-        blank = {f.name: None for f in dataclasses.fields(cls)}
-        blank.update(values)
-        return cls(**blank)
+        return cls.from_options(values)
 
     def merged_with(self, override: "GenParams", extra_stop: tuple[str, ...] = ()) -> "GenParams":
-        """These defaults with every non-None field of `override` applied, plus template stop strings."""
-        changes = {name: getattr(override, name) for name in OVERRIDABLE if getattr(override, name) is not None}
-        merged = dataclasses.replace(self, **changes)
+        """These defaults with every field `override` sets applied, plus template stop strings."""
+        changes = {name: getattr(override.sampling, name) for name in override.explicit}
+        explicit = self.explicit | override.explicit
         if extra_stop:
-            merged = dataclasses.replace(merged, stop=[*stop_list(merged.stop), *extra_stop])
-        return merged
+            changes["stop"] = [*stop_list(changes.get("stop", self.sampling.stop)), *extra_stop]
+            explicit |= {"stop"}
+        frontend = {n: getattr(override, n) for n in FRONTEND_FIELDS if getattr(override, n) is not None}
+        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, **changes),
+                                   explicit=explicit, **frontend)
 
     def with_dtype_applied(self) -> "GenParams":
         """Turn `dtype` into the regex (and stop strings) that constrain generation to that type."""
@@ -88,35 +113,21 @@ class GenParams:
         if name not in _DTYPE_REGEX:
             raise ValueError(f"dtype: unsupported dtype {self.dtype!r}; use int, float, str or bool")
         regex, ends_on_space = _DTYPE_REGEX[name]
-        stop = stop_list(self.stop) + ([" ", "\n"] if ends_on_space else [])
-        return dataclasses.replace(self, regex=regex, stop=stop, dtype=None)
+        stop = stop_list(self.sampling.stop) + ([" ", "\n"] if ends_on_space else [])
+        sampling = dataclasses.replace(self.sampling, regex=regex, stop=stop)
+        return dataclasses.replace(self, sampling=sampling, explicit=self.explicit | {"regex", "stop"}, dtype=None)
 
     def to_native_sampling_params(self) -> dict[str, Any]:
         """The `sampling_params` object of a native /generate request (SGLang's to_srt_kwargs)."""
-        return {
-            "skip_special_tokens": True,
-            "spaces_between_special_tokens": True,
-            "max_new_tokens": self.max_new_tokens,
-            "min_new_tokens": self.min_new_tokens,
-            "n": self.n,
-            "stop": stop_list(self.stop),
-            "stop_token_ids": list(self.stop_token_ids or ()),
-            "stop_regex": stop_list(self.stop_regex),
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "frequency_penalty": self.frequency_penalty,
-            "presence_penalty": self.presence_penalty,
-            "ignore_eos": self.ignore_eos,
-            "regex": self.regex,
-            "json_schema": self.json_schema,
-        }
+        names = [*_ALWAYS_SENT, *(n for n in SAMPLING_FIELDS if n in self.explicit and n not in _ALWAYS_SENT)]
+        out = {name: getattr(self.sampling, name) for name in names}
+        for name in _LIST_FIELDS:
+            out[name] = _as_list(out[name])
+        return out
 
     def logprob_fields(self) -> dict[str, Any]:
         """Top-level logprob fields of a native request; only those the program set."""
-        names = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {name: getattr(self, name) for name in LOGPROB_FIELDS if getattr(self, name) is not None}
 
 
 def stop_list(stop: str | list[str] | tuple[str, ...] | None) -> list[str]:
@@ -127,125 +138,8 @@ def stop_list(stop: str | list[str] | tuple[str, ...] | None) -> list[str]:
     return list(stop)
 
 
-# ---- expression nodes ---------------------------------------------------------------------------
-class SglExpr:
-    """Base of every node; `+` builds an expression list so `"Q: " + gen("a")` works."""
-
-    def __add__(self, other: "SglExpr | str") -> "SglExprList":
-        return _concat(self, _as_expr(other))
-
-    def __radd__(self, other: "SglExpr | str") -> "SglExprList":
-        return _concat(_as_expr(other), self)
-
-
-def _as_expr(value: "SglExpr | str") -> SglExpr:
-    if isinstance(value, str):
-        return SglConstantText(value)
-    if not isinstance(value, SglExpr):
-        raise TypeError(f"cannot append {type(value).__name__} to a program; use a str or an expression")
-    return value
-
-
-def _concat(a: SglExpr, b: SglExpr) -> "SglExprList":
-    left = a.expr_list if isinstance(a, SglExprList) else [a]
-    right = b.expr_list if isinstance(b, SglExprList) else [b]
-    return SglExprList([*left, *right])
-
-
-class SglExprList(SglExpr):
-    def __init__(self, expr_list: list[SglExpr | str]):
-        self.expr_list = list(expr_list)
-
-    def __repr__(self) -> str:
-        return f"ExprList({self.expr_list})"
-
-
-class SglConstantText(SglExpr):
-    def __init__(self, value: str):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return f"Constant({self.value!r})"
-
-
-class SglGen(SglExpr):
-    def __init__(self, name: str | None, params: GenParams):
-        self.name = name
-        self.sampling_params = params
-
-    def __repr__(self) -> str:
-        return f"Gen({self.name!r})"
-
-
-class SglSelect(SglExpr):
-    def __init__(self, name: str | None, choices: list[str], temperature: float,
-                 choices_method: "ChoicesSamplingMethod"):
-        self.name = name
-        self.choices = list(choices)
-        self.temperature = temperature
-        self.choices_method = choices_method
-
-    def __repr__(self) -> str:
-        return f"Select({self.name!r}, choices={self.choices})"
-
-
-class SglRoleBegin(SglExpr):
-    def __init__(self, role: str):
-        self.role = role
-
-    def __repr__(self) -> str:
-        return f"RoleBegin({self.role})"
-
-
-class SglRoleEnd(SglExpr):
-    def __init__(self, role: str):
-        self.role = role
-
-    def __repr__(self) -> str:
-        return f"RoleEnd({self.role})"
-
-
-class SglVarScopeBegin(SglExpr):
-    def __init__(self, name: str):
-        self.name = name
-
-
-class SglVarScopeEnd(SglExpr):
-    def __init__(self, name: str):
-        self.name = name
-
-
-class SglCommitLazy(SglExpr):
-    """Send the text so far to the backend with max_new_tokens 0, so forks start from a cached prefix."""
-
-
-class SglConcateAndAppend(SglExpr):
-    def __init__(self, states: list[Any]):
-        self.states = states
-
-
-class SglArgument(SglExpr):
-    """Placeholder for a program argument while tracing; using its value stops the trace."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Argument({self.name})"
-
-    def __str__(self) -> str:
-        from radixlm.lang.tracer import StopTracing
-
-        raise StopTracing(self.name)
-
-    def __format__(self, spec: str) -> str:
-        return str(self)
-
-
-def variable_names(expr: SglExpr | str) -> list[str]:
-    """Names this expression will set, so readers can wait for them before it runs."""
-    if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)) and expr.name is not None:
-        return [expr.name]
-    if isinstance(expr, SglExprList):
-        return [name for sub in expr.expr_list for name in variable_names(sub)]
-    return []
+def _as_list(value: Any) -> list[Any]:
+    """stop / stop_regex / stop_token_ids as a list (a program may give one string or one id)."""
+    if isinstance(value, (str, int)):
+        return [value]
+    return list(value or ())

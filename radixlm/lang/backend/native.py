@@ -16,7 +16,7 @@ from radixlm.lang.backend.base import BaseBackend
 from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
 from radixlm.lang.interpreter import StreamExecutor
-from radixlm.lang.ir import GenParams
+from radixlm.lang.params import GenParams
 
 Entry = list[Any]  # [logprob | None, token_id, text | None]
 
