@@ -4,6 +4,8 @@ included, so a layer cannot reach up into the one that drives it."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,8 @@ def _offenders(folder: str, forbidden: str) -> list[str]:
     ("runtime/forward.py", "radixlm.runtime.scheduler"),  # the neutral types sit below both
     ("runtime/forward.py", "radixlm.runtime.model"),
     ("runtime/sampling", "radixlm.runtime.scheduler"),
+    ("runtime", "radixlm.router"),  # a replica shares the routing policy (radix_cache/routing.py), not the router
+    ("router", "radixlm.runtime"),
 ])
 def test_no_upward_imports(folder: str, forbidden: str) -> None:
     assert _offenders(folder, forbidden) == []
@@ -70,3 +74,10 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     found = imported_modules(probe, tmp_path)
     assert {"radixlm.runtime.scheduler", "radixlm.runtime.scheduler.request",
             "radixlm.runtime.scheduler.loop"} <= found
+
+
+def test_building_the_cli_parser_imports_no_frontend_program():
+    """`radixlm serve --help` must not load the showcase (a radixlm.lang program): it loads when run."""
+    code = ("import sys; from radixlm.runtime.cli import build_parser; build_parser(); "
+            "assert 'radixlm.showcase' not in sys.modules, 'showcase imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG_ROOT.parent)

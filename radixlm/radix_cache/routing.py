@@ -1,10 +1,12 @@
 """Which replica gets a request: cache-aware (approximate radix tree per replica) or round-robin.
 
-Runs in the router process. The router never sees the replicas' real caches; it remembers what it sent
-where. Each replica has a RadixCache over the request's routing key (characters of the prompt text;
-the router does not tokenize) with dummy (unique, never used) slots and LRU eviction past `max_tree_chars`, so a replica's
-tree approximates what its real radix cache holds. Namespaces are the tenants (the API key), as on the
-replicas, where a match never crosses tenants.
+The one policy of both data-parallel front ends: the standalone router (radixlm/router, keys are the
+prompt's characters: it does not tokenize) and a server's `--dp-size` dispatcher
+(runtime/server/dp_dispatch.py, keys are token ids). Runs in whichever process routes. The router never
+sees the replicas' real caches; it remembers what it sent where. Each replica has a RadixCache over the
+request's routing key with dummy (unique, never used) slots and LRU eviction past `max_tree_chars`, so a
+replica's tree approximates what its real radix cache holds. Namespaces are the tenants (the API key),
+as on the replicas, where a match never crosses tenants.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixlm.radix_cache import RadixCache
+from radixlm.radix_cache.radix_cache import RadixCache
 
 
 @dataclass(frozen=True)
-class RouterConfig:
-    worker_urls: tuple[str, ...]
+class PolicyConfig:
+    worker_urls: tuple[str, ...]  # the replicas (the dp dispatcher names its ranks dp0, dp1, ...)
     policy: str = "cache_aware"  # cache_aware | round_robin
     # Route by cache only when the best replica already holds this share of the key (SGLang's default).
     cache_threshold: float = 0.5
@@ -27,9 +29,7 @@ class RouterConfig:
     # and more than rel times as many; then the idlest replica wins regardless of cache.
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
-    max_tree_chars: int = 1 << 21  # per replica, approximate tree size before LRU eviction
-    health_interval_s: float = 2.0
-    request_timeout_s: float = 600.0
+    max_tree_chars: int = 1 << 21  # per replica, approximate tree size (keys) before LRU eviction
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def new_tree() -> RadixCache:
 class Policy:
     """Pick a replica for a key, and remember that the replica now holds the key's prefix."""
 
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: PolicyConfig):
         self.config = config
         self.replicas = [Replica(url.rstrip("/"), new_tree()) for url in config.worker_urls]
         self._rr = itertools.count()
@@ -111,32 +111,3 @@ class Policy:
         """After the replicas' caches were flushed."""
         for r in self.replicas:
             r.tree = new_tree()
-
-
-def route_key(path: str, body: object, tenant: str) -> RouteKey:
-    """The prefix a replica's cache would share: prompt text, chat messages in order, or token ids."""
-    if not isinstance(body, dict):
-        return RouteKey(tenant, ())
-    if path == "/v1/chat/completions":
-        parts = []
-        for m in body.get("messages") or []:
-            if isinstance(m, dict):
-                content = m.get("content")
-                parts.append(f"<{m.get('role')}>{content if isinstance(content, str) else content!r}")
-        return RouteKey(tenant, _chars("".join(parts)))
-    prompt = body.get("text") if path == "/generate" else body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        prompt = prompt[0]  # a batch goes to one replica; its first prompt decides
-    if isinstance(prompt, str):
-        return RouteKey(tenant, _chars(prompt))
-    ids = body.get("input_ids") if path == "/generate" else prompt
-    if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        ids = ids[0]
-    if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
-        # Token ids live beside characters in one tree: shift them past the Unicode range.
-        return RouteKey(tenant, tuple(0x110000 + i for i in ids))
-    return RouteKey(tenant, ())
-
-
-def _chars(text: str) -> tuple[int, ...]:
-    return tuple(map(ord, text))

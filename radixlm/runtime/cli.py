@@ -94,7 +94,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from radixlm.runtime.config import EngineConfig
-    from radixlm.runtime.launch import check_dp_options, exit_now, launch_server
+    from radixlm.runtime.launch import check_dp_options, launch_server
+    from radixlm.runtime.proc import exit_now
 
     options = engine_options(args)
     if args.node_rank > 0:  # multi-node tensor parallelism: other machines only host worker ranks
@@ -111,6 +112,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     code = launch_server(engine_config, config)
     exit_now(code)  # skip interpreter teardown (torch/ZMQ finalizers can stall for seconds)
     return code
+
+
+def cmd_showcase(args: argparse.Namespace) -> int:
+    # Imported here: the showcase is a frontend program (radixlm.lang), not part of the CLI's import graph.
+    from radixlm import showcase
+
+    return showcase.cmd_showcase(args)
 
 
 def build_serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
@@ -138,11 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(serve)
     add_server_args(serve)
     serve.set_defaults(func=cmd_serve)
-    from radixlm import showcase  # the frontend only (no torch) until the command runs
-
     show = sub.add_parser("showcase", help="run example programs on the default model; print the cache hit rate")
-    showcase.add_args(show)
-    show.set_defaults(func=showcase.cmd_showcase)
+    add_engine_args(show)  # all radixlm.showcase takes
+    show.set_defaults(func=cmd_showcase)
     return parser
 
 

@@ -45,7 +45,7 @@ _EXTRAS: dict[str, FlagExtra] = {
     "dist_init_addr": FlagExtra(help="host:port of node 0's torch.distributed rendezvous"),
     "max_total_tokens": FlagExtra(help="KV cache capacity in tokens"),
     "schedule_policy": FlagExtra(choices=("lpm", "dfs-weight", "fcfs", "lof", "random")),
-    "grammar_backend": FlagExtra(choices=("outlines", "xgrammar")),
+    "grammar_backend": FlagExtra(choices=("outlines", "xgrammar"), help="constrained-decoding engine (docs/constrained.md)"),
     # server
     "api_keys": FlagExtra(names=("--api-key",),
                           help="require this key (Authorization: Bearer); repeat for several tenants"),
@@ -103,7 +103,8 @@ def dataclass_values(args: argparse.Namespace, cls: type, skip: tuple[str, ...] 
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_flags(parser, SamplingParams, _SAMPLING_EXTRAS)
+    add_dataclass_flags(parser.add_argument_group("sampling (radixlm/sampling_params.py)"), SamplingParams,
+                        _SAMPLING_EXTRAS)
 
 
 def sampling_values(args: argparse.Namespace) -> dict[str, Any]:
