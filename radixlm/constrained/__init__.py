@@ -1,4 +1,4 @@
-"""radixlm.constrained: regex / JSON schema / choices -> token FSM, jump-forward, grammar cache.
+"""radixlm.constrained: regex / JSON schema / choices / EBNF -> token FSM, jump-forward, grammar cache.
 
 Importing this package never imports torch (compile workers import it too); backends load lazily.
 """
@@ -12,7 +12,7 @@ from radixlm.constrained.base import (GRAMMAR_KINDS, CompiledGrammar, GrammarBac
 from radixlm.constrained.errors import (GRAMMAR_TIMEOUT, GRAMMAR_TOO_LARGE, INVALID_GRAMMAR,
                                         GrammarError)
 
-BACKENDS = ("outlines", "xgrammar")
+BACKENDS = ("outlines", "xgrammar", "llguidance")
 
 
 def make_backend(name: str, tokenizer: Any, vocab_size: int, options: GrammarOptions | None = None) -> GrammarBackend:
@@ -25,6 +25,10 @@ def make_backend(name: str, tokenizer: Any, vocab_size: int, options: GrammarOpt
         from radixlm.constrained.xgrammar_backend import XGrammarBackend
 
         return XGrammarBackend(tokenizer, vocab_size, options or GrammarOptions())
+    if name == "llguidance":
+        from radixlm.constrained.llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend(tokenizer, vocab_size, options or GrammarOptions())
     raise ValueError(f"unknown grammar backend {name!r}; available: {BACKENDS}")
 
 

@@ -2,6 +2,7 @@
 
 Runs in the scheduler process (matchers are driven by the scheduler loop) and in compile workers
 (backends compile specs there). A backend turns a spec (regex / json_schema / choices / json_object)
+(and ebnf: GBNF or Lark text, see ebnf.py)
 into a CompiledGrammar; each request gets its own GrammarMatcher from it.
 """
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:  # torch is only needed by matchers; workers never import it
 
     from radixlm.constrained.bitmask import CpuMask
 
-GRAMMAR_KINDS = ("regex", "json_schema", "choices", "json_object")
+GRAMMAR_KINDS = ("regex", "json_schema", "choices", "json_object", "ebnf")
 
 
 @dataclass(frozen=True)

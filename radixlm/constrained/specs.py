@@ -1,4 +1,4 @@
-"""Spec (kind + text) -> regex -> serialized outlines-core Index. Pure functions of their inputs.
+"""Spec (kind + text; `ebnf` through ebnf_regex.py) -> regex -> serialized outlines-core Index. Pure functions of their inputs.
 
 Runs in compile workers (cache.py) and, for tests and tools, in any process. The regex the Index is
 built from is `(?:R)\\x00`: NUL marks the end of the text (see fsm.py for why).
@@ -24,8 +24,7 @@ def escape_literal(text: str) -> str:
 def regex_for_spec(kind: str, spec: str, options: GrammarOptions) -> str:
     """The regex for a spec, or GrammarError naming the request field."""
     if kind not in GRAMMAR_KINDS:
-        param = kind if kind == "ebnf" else "grammar"
-        raise GrammarError(param, INVALID_GRAMMAR, f"grammar kind '{kind}' is not supported by this backend")
+        raise GrammarError("grammar", INVALID_GRAMMAR, f"grammar kind '{kind}' is not supported by this backend")
     if not isinstance(spec, str):
         raise GrammarError(kind, INVALID_GRAMMAR, "spec must be a string")
     if kind == "regex":
@@ -34,6 +33,10 @@ def regex_for_spec(kind: str, spec: str, options: GrammarOptions) -> str:
         return spec
     if kind == "choices":
         return _choices_regex(spec, options)
+    if kind == "ebnf":  # regular grammars only (recursion is refused by name)
+        from radixlm.constrained.ebnf_regex import ebnf_to_regex
+
+        return ebnf_to_regex(spec, options)
     if kind == "json_object":
         return schema_to_regex('{"type": "object"}', options)
     return schema_to_regex(spec, options)
@@ -86,7 +89,7 @@ def build_index_bytes(kind: str, spec: str, options: GrammarOptions, vocab_bytes
     from outlines_core import Index, Vocabulary
 
     regex = regex_for_spec(kind, spec, options)
-    param = kind if kind in ("regex", "choices") else "json_schema"
+    param = kind if kind in ("regex", "choices", "ebnf") else "json_schema"
     try:
         # The user regex alone first: a stray `)` must not close our `(?:...)` wrapper below.
         Index(regex, _byte_vocabulary())

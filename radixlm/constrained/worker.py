@@ -6,13 +6,15 @@ also really be stopped (SIGKILL) at the deadline.
 
 Wire format (multiprocessing Connection, send_bytes/recv_bytes only: nothing is ever unpickled):
   parent -> worker, once: JSON {"memory_bytes": int}, the backend name, options JSON, and the backend's
-                          payload (outlines-core Vocabulary bytes / xgrammar TokenizerInfo JSON);
+                          payload (outlines-core Vocabulary bytes / xgrammar TokenizerInfo JSON /
+                          llguidance: JSON with the HF tokenizer's own JSON text, vocab size, EOS);
   worker -> parent, once: b"ready";
   parent -> worker, per job: JSON {"kind": str, "spec": str};
   worker -> parent, per job: JSON {"ok": true} followed by the compiled grammar bytes, or
                              JSON {"ok": false, "error": {"param", "code", "message"}}.
 The grammar bytes are the library's own serialization (outlines-core: Index bincode via
-Index.__reduce__ / Index.from_binary; xgrammar: CompiledGrammar.serialize_json), produced by our
+Index.__reduce__ / Index.from_binary; xgrammar: CompiledGrammar.serialize_json; llguidance: the
+grammar text the worker built and checked, which the scheduler side builds matchers from), produced by our
 worker from a spec string, never taken from a client.
 """
 
@@ -46,6 +48,10 @@ def _compiler(backend: str) -> Callable[[str, str, GrammarOptions, bytes], bytes
         from radixlm.constrained.xgrammar_backend import compile_serialized
 
         return compile_serialized
+    if backend == "llguidance":
+        from radixlm.constrained.llguidance_compile import compile_serialized as compile_llguidance
+
+        return compile_llguidance
     raise ValueError(f"unknown grammar backend {backend!r}")
 
 

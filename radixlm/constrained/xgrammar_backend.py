@@ -1,5 +1,5 @@
 """The xgrammar grammar backend (optional: `pip install xgrammar`): regex, JSON schema, choices,
-json_object and EBNF grammars, with xgrammar's own jump-forward.
+json_object and EBNF grammars (GBNF or Lark), with xgrammar's own jump-forward.
 
 Runs in the scheduler process (matchers, loading compiled grammars) and in compile workers
 (`compile_serialized`). Compiled grammars cross the process as xgrammar's own JSON serialization.
@@ -16,7 +16,7 @@ import torch
 from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarOptions
 from radixlm.constrained.bitmask import eos_only_bits, pack_bool
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
-from radixlm.constrained.json_schema import load_schema
+from radixlm.constrained.schema_lower import lower_schema
 from radixlm.constrained.vocabulary import token_bytes_for
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
@@ -49,10 +49,12 @@ def compile_grammar(compiler: Any, kind: str, spec: str, options: GrammarOptions
         if len(spec.encode()) > options.max_regex_bytes:
             raise GrammarError("regex", GRAMMAR_TOO_LARGE, f"regex larger than {options.max_regex_bytes} bytes")
         return _call("regex", compiler.compile_regex, spec)
-    if kind == "ebnf":
-        if len(spec.encode()) > options.max_schema_bytes:
-            raise GrammarError("ebnf", GRAMMAR_TOO_LARGE, f"grammar larger than {options.max_schema_bytes} bytes")
-        return _call("ebnf", compiler.compile_grammar, spec)
+    if kind == "ebnf":  # GBNF (`root ::= ...`) natively, Lark (`start: ...`) through xgrammar's converter
+        from radixlm.constrained.ebnf import check_size, syntax_of
+
+        check_size(spec, options)
+        lark = syntax_of(spec) == "lark"
+        return _call("ebnf", compiler.compile_lark if lark else compiler.compile_grammar, spec)
     if kind == "choices":
         from radixlm.constrained.specs import regex_for_spec
 
@@ -63,8 +65,9 @@ def compile_grammar(compiler: Any, kind: str, spec: str, options: GrammarOptions
     if kind == "json_object":
         return _call("response_format", compiler.compile_builtin_json_grammar)
     if kind == "json_schema":
-        schema = load_schema(spec, options)
+        schema = lower_schema(spec, options, "xgrammar").schema  # what xgrammar enforces, refs kept
         _check_refs(schema)
+        spec = json.dumps(schema)
         fmt: dict[str, Any] = {"any_whitespace": False, "strict_mode": True}
         fmt["separators"] = (",", ":") if options.compact else (", ", ": ")
         return _call("json_schema", compiler.compile_json_schema, spec, **fmt)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from radixlm.constrained.validate import JsonCheck, check_json_output
 from radixlm.runtime.generate_input import PreparedReq
 from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop, holdback_len
 from radixlm.runtime.messages import TokenOut
@@ -30,6 +31,7 @@ class ResponseState:
         self.finish: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None  # {message, param, code} when the request was refused
         self.last: TokenOut | None = None
+        self.json_check: JsonCheck | None = None  # set when a json_schema request finishes
         self.start = time.perf_counter()
         self.logprobs: dict[str, list] = {k: [] for k in (
             "input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs",
@@ -63,6 +65,8 @@ class ResponseState:
                 if hit is not None:
                     self.text = self.text[: hit[1]]
         self.finish = finish
+        if finish is not None and finish["type"] != "abort" and self.error is None and self.params.json_schema:
+            self.json_check = check_json_output(self.params.json_schema, self.text, finish["type"] != "length")
         self._add_logprobs(out)
 
     def _rollback(self, num: int) -> None:
@@ -110,6 +114,8 @@ class ResponseState:
         }
         if last is not None and last.num_jump_forward_tokens:
             meta["jump_forward_tokens"] = last.num_jump_forward_tokens
+        if self.json_check is not None:
+            meta.update(self.json_check.to_meta())
         if msg.return_logprob:
             meta.update(self._logprob_meta(streaming))
         return {"text": self.visible_text() if streaming else self.text, "output_ids": list(self.output_ids),

@@ -147,3 +147,24 @@ def test_smollm2_corpus_always_valid(jump_forward):
         assert (forced > 0) == jump_forward
         eng.check_integrity()
     print(f"jump_forward={jump_forward}: {steps} forward steps, {forced} forced tokens")
+
+
+def test_finished_json_outputs_report_validation(engine):
+    """meta_info says whether a finished json_schema output validates; a cut output is reported, not
+    passed off as valid; requests without a schema get no such field."""
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                         "required": ["n"], "additionalProperties": False})
+    done = engine.generate("JSON:", {"json_schema": schema, "max_new_tokens": 64, "temperature": 0})
+    assert done["meta_info"]["finish_reason"]["type"] == "stop"
+    assert done["meta_info"]["json_schema_valid"] is True and "json_schema_error" not in done["meta_info"]
+    cut = engine.generate("JSON:", {"json_schema": schema, "max_new_tokens": 2, "temperature": 0})
+    assert cut["meta_info"]["finish_reason"]["type"] == "length"
+    assert cut["meta_info"]["json_schema_valid"] is False
+    assert cut["meta_info"]["json_schema_error"].startswith("incomplete")
+    stream = list(engine.generate("JSON:", {"json_schema": schema, "max_new_tokens": 64, "temperature": 0},
+                                  stream=True))
+    assert "json_schema_valid" not in stream[0]["meta_info"] or len(stream) == 1
+    assert stream[-1]["meta_info"]["json_schema_valid"] is True
+    free = engine.generate("Text:", {"max_new_tokens": 2})
+    assert "json_schema_valid" not in free["meta_info"]
+    engine.check_integrity()

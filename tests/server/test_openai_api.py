@@ -149,3 +149,53 @@ def test_response_format_conversion():
     assert params["sampling_seed"] == 5 and params["min_new_tokens"] == 2 and params["logit_bias"] == {7: 1.5}
     assert json.loads(sampling_params({"response_format": {"type": "json_object"}}, 8)["json_schema"]) == {
         "type": "object"}
+
+
+def test_json_schema_outputs_carry_finish_details(oai, model):
+    """A json_schema response says whether its finished output validated (finish_details), in full and
+    streamed responses; an output cut by max_tokens is reported as incomplete, not passed off as valid."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "digit", "schema": schema}}
+    kwargs = dict(model=model, messages=[{"role": "user", "content": "JSON please"}], temperature=0,
+                  response_format=fmt)
+    done = oai.chat.completions.create(**kwargs, max_tokens=64).choices[0]
+    assert done.finish_reason == "stop" and done.model_extra["finish_details"] == {"json_schema_valid": True}
+    assert json.loads(done.message.content)["n"] in range(10)
+    cut = oai.chat.completions.create(**kwargs, max_tokens=2).choices[0]
+    assert cut.finish_reason == "length" and cut.model_extra["finish_details"]["json_schema_valid"] is False
+    assert cut.model_extra["finish_details"]["json_schema_error"].startswith("incomplete")
+    finals = [c.choices[0] for c in oai.chat.completions.create(**kwargs, max_tokens=64, stream=True)
+              if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].model_extra["finish_details"] == {"json_schema_valid": True}
+    text = oai.completions.create(model=model, prompt="JSON:", max_tokens=2, temperature=0,
+                                  extra_body={"json_schema": json.dumps(schema)}).choices[0]
+    assert text.model_extra["finish_details"]["json_schema_valid"] is False
+    plain = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert "finish_details" not in (plain.choices[0].model_extra or {})
+
+
+def test_strict_json_schema_refuses_only_what_it_cannot_enforce(oai, model):
+    """strict: true gets a 400 naming the keyword the grammar would only approximate (oneOf's exclusivity
+    between overlapping branches); strict: false decodes the same schema best-effort; an exactly enforceable
+    schema (oneOf over disjoint types included) is served in strict mode."""
+    loose = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
+             "required": ["v"]}
+    exact = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "string"}]}},
+             "required": ["v"]}
+
+    def ask(schema, strict, **extra):
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+        return oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "JSON"}],
+                                           max_tokens=48, temperature=0, response_format=fmt, **extra)
+
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(loose, True)
+    assert err.value.body["param"] == "response_format" and "oneOf" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        ask(loose, True, stream=True)
+    best_effort = ask(loose, False).choices[0]
+    assert "json_schema_valid" in best_effort.model_extra["finish_details"]
+    assert ask(exact, True).choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError):
+        ask(exact, "yes")

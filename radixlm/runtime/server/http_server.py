@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from radixlm.runtime.config import ServerConfig
+from radixlm.runtime.config import GrammarConfig, ServerConfig
 from radixlm.runtime.server.errors import APIError, error_body, error_response, install_error_handlers
 from radixlm.runtime.server.middleware import AuthMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from radixlm.runtime.messages import StrOut
@@ -39,6 +39,7 @@ class AppContext:
     tokenizer_path: str
     served_model_name: str
     server_args: dict[str, Any]
+    grammar_config: GrammarConfig = field(default_factory=GrammarConfig)  # strict response_format checks
 
 
 # ---- request parsing ------------------------------------------------------------------------------

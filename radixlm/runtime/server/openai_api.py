@@ -7,6 +7,7 @@ openai_format.py. Unknown top-level fields are ignored, as OpenAI clients send m
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from radixlm.constrained.base import GrammarOptions
 from radixlm.errors import ContextLengthError, InvalidRequestError
 from radixlm.runtime.server import openai_format as fmt
 from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_messages
@@ -96,6 +98,7 @@ def install_openai_routes(app: FastAPI, ctx: Any) -> None:
                                      return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
                                      logprob_start_len=0 if echo and logprobs is not None else -1,
                                      return_text_in_logprobs=True, stream=stream)
+        await _check_strict(obj, ctx)
         n = prepared[0].params.n
         handle = tm.submit(prepared, stream, request.state.request_id)
         if stream:
@@ -130,6 +133,7 @@ def install_openai_routes(app: FastAPI, ctx: Any) -> None:
             prepared, _ = tm.prepare(request.state.namespace, input_ids=ids, sampling_params=params,
                                      return_logprob=logprobs, top_logprobs_num=top, return_text_in_logprobs=True,
                                      stream=stream)
+        await _check_strict(obj, ctx)
         n = prepared[0].params.n
         handle = tm.submit(prepared, stream, request.state.request_id)
         if stream:
@@ -146,6 +150,15 @@ def install_openai_routes(app: FastAPI, ctx: Any) -> None:
         raise_for_server_errors(results)
         choices = [fmt.chat_choice(k, r, logprobs) for k, r in enumerate(results)]
         return JSONResponse({**fmt.envelope("chat.completion", served, choices), "usage": fmt.usage(results, n)})
+
+
+async def _check_strict(obj: dict[str, Any], ctx: Any) -> None:
+    schema = fmt.strict_schema(obj)
+    if schema is None:
+        return
+    grammar = ctx.grammar_config
+    options = GrammarOptions(whitespace_pattern=grammar.constrained_json_whitespace_pattern)
+    await asyncio.to_thread(fmt.check_strict, schema, grammar.grammar_backend, options)
 
 
 def _chat_max_tokens(obj: dict[str, Any], prompt_len: int, tm: TokenizerManager) -> Any:
@@ -203,7 +216,8 @@ def _completion_choices(logprobs: bool) -> Render:
             lp = fmt.completion_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs"), offset)
         reason, matched = fmt.finish_reason(meta) if out.finished else (None, None)
         if delta or out.finished or (lp and lp["tokens"]):
-            yield {"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+            choice = {"index": index, "text": delta, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+            yield fmt.with_finish_details(choice, meta) if out.finished else choice
     return render
 
 
@@ -219,5 +233,5 @@ def _chat_choices(logprobs: bool) -> Render:
         if delta or lp:
             yield _chat_choice(index, {"content": delta}, lp=lp)
         if out.finished:
-            yield _chat_choice(index, {}, *fmt.finish_reason(meta))
+            yield fmt.with_finish_details(_chat_choice(index, {}, *fmt.finish_reason(meta)), meta)
     return render

@@ -63,7 +63,37 @@ def _response_format(fmt: Any) -> dict[str, Any]:
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise InvalidRequestError("response_format.json_schema.schema must be an object", param="response_format")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise InvalidRequestError("response_format.json_schema.strict must be a boolean", param="response_format")
     return {"json_schema": json.dumps(spec["schema"])}
+
+
+def strict_schema(obj: dict[str, Any]) -> str | None:
+    """The schema text of a `response_format` with `json_schema.strict: true`, else None."""
+    fmt = obj.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        spec = fmt["json_schema"]
+        if spec.get("strict") is True and isinstance(spec.get("schema"), dict):
+            return json.dumps(spec["schema"])
+    return None
+
+
+def check_strict(schema: str, backend: str, options: Any) -> None:
+    """OpenAI strict mode: refuse (400, naming the keyword) a schema the grammar would enforce only
+    approximately on this backend; non-strict requests get the best-effort grammar (outputs still validated).
+    Lowering is pure CPU work on a size-limited schema: callers run it off the event loop."""
+    from radixlm.constrained.errors import GrammarError
+    from radixlm.constrained.schema_lower import lower_schema
+
+    try:
+        lowered = lower_schema(schema, options, backend)
+    except GrammarError as e:
+        raise InvalidRequestError(e.message, param="response_format", code=e.code) from None
+    if lowered.approximations:
+        raise InvalidRequestError(
+            f"strict mode: {lowered.approximations[0]} cannot be enforced exactly while decoding (with "
+            f"the {backend} grammar backend); send strict: false to decode it best-effort (the finished output "
+            "is still validated, see finish_details)", param="response_format", code="invalid_grammar")
 
 
 def check_logprobs_count(value: Any, name: str) -> int:
@@ -77,6 +107,25 @@ def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
     if not finish:
         return None, None
     return finish["type"], finish.get("matched")
+
+
+def finish_details(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """For json_schema / json_object requests: whether the finished output validated (the native
+    meta_info's json_schema_valid / json_schema_error), else None."""
+    if "json_schema_valid" not in meta:
+        return None
+    details = {"json_schema_valid": meta["json_schema_valid"]}
+    if "json_schema_error" in meta:
+        details["json_schema_error"] = meta["json_schema_error"]
+    return details
+
+
+def with_finish_details(choice: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The choice with `finish_details` added when the request had a schema (other choices keep their shape)."""
+    details = finish_details(meta)
+    if details is not None:
+        choice["finish_details"] = details
+    return choice
 
 
 def usage(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
@@ -132,12 +181,13 @@ def completion_choice(index: int, result: dict[str, Any], logprobs: bool, echo_t
             entries = list(meta.get("input_token_logprobs", [])) + entries
             tops = None if tops is None else list(meta.get("input_top_logprobs", [])) + tops
         lp = completion_logprobs(entries, tops, 0)
-    return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason, "matched_stop": matched}
+    return with_finish_details({"index": index, "text": text, "logprobs": lp, "finish_reason": reason,
+                                "matched_stop": matched}, meta)
 
 
 def chat_choice(index: int, result: dict[str, Any], logprobs: bool) -> dict[str, Any]:
     meta = result["meta_info"]
     reason, matched = finish_reason(meta)
     lp = chat_logprobs(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs")) if logprobs else None
-    return {"index": index, "message": {"role": "assistant", "content": result["text"]}, "logprobs": lp,
-            "finish_reason": reason, "matched_stop": matched}
+    return with_finish_details({"index": index, "message": {"role": "assistant", "content": result["text"]},
+                                "logprobs": lp, "finish_reason": reason, "matched_stop": matched}, meta)

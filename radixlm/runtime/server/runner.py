@@ -86,7 +86,7 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, addrs:
                                 server_config.max_prompt_chars)
         ctx = AppContext(tm, server_config, info, tokenizer_path,
                          server_config.served_model_name or Path(info["model_path"]).name,
-                         _server_args(engine_config, server_config))
+                         _server_args(engine_config, server_config), engine_config.grammar)
         server = DrainingServer(uvicorn.Config(create_app(ctx), host=server_config.host, port=server_config.port,
                                                log_level=server_config.log_level.lower(), access_log=False,
                                                lifespan="off", timeout_graceful_shutdown=5))
@@ -140,7 +140,7 @@ def _health_problem(tm: TokenizerManager, procs: dict[str, BaseProcess], watchdo
 
 def _server_args(engine_config: EngineConfig, server_config: ServerConfig) -> dict[str, Any]:
     args: dict[str, Any] = {}
-    for part in (engine_config.model, engine_config.cache, engine_config.scheduler):
+    for part in (engine_config.model, engine_config.cache, engine_config.scheduler, engine_config.grammar):
         args.update(asdict(part))
     public = asdict(server_config)
     public["api_keys"] = len(server_config.api_keys)  # never echo secrets

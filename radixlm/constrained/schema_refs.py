@@ -1,0 +1,113 @@
+"""Local `$ref` resolution for schema lowering: JSON pointers, `$id`, `$anchor`, `$dynamicAnchor`.
+
+Runs in compile workers. Only the document itself is ever read (nothing is fetched): a `$ref` is local
+when it starts with `#`, or when its URL part is the document's own `$id` (or an `$id` inside it).
+Everything else is refused as external.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin
+
+from radixlm.constrained.errors import INVALID_GRAMMAR, GrammarError
+
+_CHILD_MAPS = ("$defs", "definitions", "properties", "patternProperties", "dependentSchemas", "dependencies")
+_CHILD_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_CHILD_ONE = ("not", "if", "then", "else", "items", "additionalItems", "additionalProperties", "contains",
+              "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+
+
+def _err(message: str) -> GrammarError:
+    return GrammarError("json_schema", INVALID_GRAMMAR, message)
+
+
+def _children(node: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+    for key in _CHILD_MAPS:
+        if isinstance(node.get(key), dict):
+            out.extend(node[key].values())
+    for key in _CHILD_LISTS:
+        if isinstance(node.get(key), list):
+            out.extend(node[key])
+    for key in _CHILD_ONE:
+        if isinstance(node.get(key), dict):
+            out.append(node[key])
+    return out
+
+
+class RefIndex:
+    """Every resource (`$id`) and anchor of one document, and the base URI of each subschema."""
+
+    def __init__(self, root: dict[str, Any]):
+        self.root = root
+        self.resources: dict[str, Any] = {}  # absolute URI without fragment -> subschema
+        self.anchors: dict[str, Any] = {}    # absolute URI#anchor -> subschema
+        self.bases: dict[int, str] = {}      # id(subschema) -> its base URI
+        self._walk(root, "")
+
+    def _walk(self, root: dict[str, Any], base: str) -> None:
+        stack: list[tuple[Any, str]] = [(root, base)]
+        while stack:
+            node, base = stack.pop()
+            if not isinstance(node, dict):
+                continue
+            ident = node.get("$id", node.get("id"))
+            if isinstance(ident, str) and not ident.startswith("#"):
+                base = urldefrag(urljoin(base, ident))[0]
+                self.resources.setdefault(base, node)
+            elif isinstance(ident, str) and ident.startswith("#") and len(ident) > 1:  # draft-4/6 anchor
+                self.anchors.setdefault(base + ident, node)
+            for key in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(key), str):
+                    self.anchors.setdefault(f"{base}#{node[key]}", node)
+            self.bases[id(node)] = base
+            stack.extend((child, base) for child in _children(node))
+        self.resources.setdefault("", root)
+
+    def base_of(self, node: Any, fallback: str) -> str:
+        return self.bases.get(id(node), fallback)
+
+    def resolve(self, ref: Any, base: str, path: str) -> tuple[str, Any]:
+        """(canonical key, target subschema) for a $ref seen under `base`, or GrammarError."""
+        if not isinstance(ref, str):
+            raise _err(f"$ref at {path} must be a string")
+        url, fragment = urldefrag(urljoin(base, ref)) if base or not ref.startswith("#") else ("", ref[1:])
+        if url not in self.resources:
+            raise _err(f"external $ref '{_short(ref)}' at {path} is not supported (only refs inside the "
+                       "document; nothing is fetched)")
+        doc = self.resources[url]
+        if fragment and not fragment.startswith("/"):
+            target = self.anchors.get(f"{url}#{fragment}")
+            if target is None:
+                raise _err(f"$ref '{_short(ref)}' at {path} does not resolve")
+            return f"{url}#{fragment}", target
+        target = _pointer(doc, fragment)
+        if target is None and doc is not self.root:
+            # Bundled schemas often keep each definition's `id` but point from inside it at the root's
+            # definitions: resolve against the document as a whole before giving up.
+            url, target = self._root_url(), _pointer(self.root, fragment)
+        if target is None:
+            raise _err(f"$ref '{_short(ref)}' at {path} does not resolve")
+        return f"{url}#{fragment}", target
+
+    def _root_url(self) -> str:
+        return next((u for u, node in self.resources.items() if node is self.root), "")
+
+
+def _pointer(doc: Any, fragment: str) -> Any:
+    """The node at a JSON pointer (percent-decoded, `~1` / `~0` unescaped), or None."""
+    target = doc
+    for part in fragment.split("/")[1:]:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        elif isinstance(target, dict) and part in target:
+            target = target[part]
+        else:
+            return None
+    return target
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
