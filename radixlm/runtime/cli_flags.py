@@ -45,7 +45,8 @@ _EXTRAS: dict[str, FlagExtra] = {
     "dist_init_addr": FlagExtra(help="host:port of node 0's torch.distributed rendezvous"),
     "max_total_tokens": FlagExtra(help="KV cache capacity in tokens"),
     "schedule_policy": FlagExtra(choices=("lpm", "dfs-weight", "fcfs", "lof", "random")),
-    "grammar_backend": FlagExtra(choices=("outlines", "xgrammar"), help="constrained-decoding engine (docs/constrained.md)"),
+    "grammar_backend": FlagExtra(choices=("outlines", "xgrammar", "llguidance"),
+                                 help="constrained-decoding engine (docs/constrained.md)"),
     # server
     "api_keys": FlagExtra(names=("--api-key",),
                           help="require this key (Authorization: Bearer); repeat for several tenants"),
