@@ -23,7 +23,8 @@ import uvicorn
 from radixlm.runtime.config import EngineConfig, ServerConfig
 from radixlm.runtime.generate_input import InputLimits
 from radixlm.runtime.proc import IpcAddrs
-from radixlm.runtime.server.http_server import AppContext, create_app
+from radixlm.runtime.server.context import AppContext
+from radixlm.runtime.server.http_server import create_app
 from radixlm.runtime.server.metrics import ServerMetrics
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
