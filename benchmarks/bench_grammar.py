@@ -102,7 +102,7 @@ class MaskTimer:
         import torch
 
         from radixlm.constrained.bitmask import MaskBuilder
-        from radixlm.runtime.model.sampler import Sampler, SamplingRow
+        from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
         from radixlm.sampling_params import SamplingParams
 
         self.vocab_size = vocab_size
@@ -163,7 +163,7 @@ class MaskTimer:
     def _old_batch(self, matchers):
         import torch
 
-        from radixlm.runtime.model.penalties import apply_allowed_masks
+        from radixlm.runtime.sampling.penalties import apply_allowed_masks
 
         masks = []
         for matcher in matchers:
@@ -182,7 +182,7 @@ class MaskTimer:
     def _old(self, matcher):
         import torch
 
-        from radixlm.runtime.model.penalties import apply_allowed_masks
+        from radixlm.runtime.sampling.penalties import apply_allowed_masks
 
         mask = torch.empty(self.vocab_size, dtype=torch.bool)
         matcher.fill_allowed_mask(mask)
@@ -341,7 +341,7 @@ def engine_run(num_specs: int, max_new_tokens: int) -> None:
 
     from radixlm.constrained import bitmask
     from radixlm.runtime.engine import Engine
-    from radixlm.runtime.model import sampler as sampler_module
+    from radixlm.runtime.sampling import sampler as sampler_module
     from radixlm.runtime.scheduler.grammar import GrammarManager
 
     outcome: dict[str, int] = {}

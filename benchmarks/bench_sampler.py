@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from radixlm.runtime.model.sampler import Sampler, SamplingRow, make_generator
+from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, make_generator
 from radixlm.sampling_params import SamplingParams
 
 VOCAB = 49152

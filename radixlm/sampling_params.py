@@ -15,7 +15,7 @@ import regex
 
 from radixlm.errors import InvalidRequestError
 
-# Limits from ../shared/design/robustness.md (configurable at the server; these are the defaults).
+# Limits from docs/robustness.md (configurable at the server; these are the defaults).
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_N = 16

@@ -32,7 +32,7 @@ class GrammarOptions:
     compact: bool = False
     # Matchers report forced strings from jump_forward(); False makes jump_forward() always None.
     jump_forward: bool = True
-    # Limits from ../shared/design/robustness.md.
+    # Limits from docs/robustness.md.
     max_regex_bytes: int = 4 * 1024
     max_schema_bytes: int = 1 << 20  # = sampling_params.MAX_JSON_SCHEMA_BYTES
     max_schema_depth: int = 32

@@ -1,7 +1,7 @@
 """Grammar errors: 400-class ValueErrors that name the offending field or keyword.
 
 Runs wherever a grammar is validated or compiled (compile workers, scheduler, HTTP process). The codes
-are the `code` values of the error envelope in ../shared/design/robustness.md.
+are the `code` values of the error envelope in docs/robustness.md.
 """
 
 from __future__ import annotations

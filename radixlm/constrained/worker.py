@@ -92,21 +92,10 @@ def worker_main(conn: Connection) -> None:
             conn.send_bytes(message)
 
 
-def _die_with_parent() -> None:
-    """Exit when the process that started us dies, even mid-compile (Linux parent-death signal)."""
-    import ctypes
-    import signal
-    import sys
-
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 if __name__ == "__main__":  # started by cache._Worker with the inherited socket's fd
     import sys
 
-    _die_with_parent()
+    from radixlm.runtime.proc import set_parent_death_signal
+
+    set_parent_death_signal()  # exit when the process that started us dies, even mid-compile
     worker_main(Connection(int(sys.argv[1])))

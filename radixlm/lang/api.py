@@ -5,13 +5,13 @@ Runs in the user's process. `import radixlm as sgl` makes an SGLang program run 
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Iterable
 
 from radixlm.lang.choices import ChoicesSamplingMethod, token_length_normalized
 from radixlm.lang.global_config import global_config
-from radixlm.lang.ir import GenParams, SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect
+from radixlm.lang.ir import SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect
+from radixlm.lang.params import FRONTEND_FIELDS, SAMPLING_FIELDS, GenParams
 from radixlm.lang.program import SglFunction, resolve_backend
 
 
@@ -42,67 +42,44 @@ def get_server_info(backend: Any = None) -> dict[str, Any] | None:
     return resolve_backend(backend).get_server_info()
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
-        n: int | None = None, stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-        stop_regex: str | list[str] | None = None, temperature: float | None = None,
-        top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-        frequency_penalty: float | None = None, presence_penalty: float | None = None,
-        ignore_eos: bool | None = None, return_logprob: bool | None = None,
-        logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-        return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
-        choices: list[str] | None = None, choices_method: ChoicesSamplingMethod | None = None,
-        regex: str | None = None, json_schema: str | dict[str, Any] | None = None) -> SglExpr:
+def gen(name: str | None = None, max_tokens: int | None = None, *, choices: list[str] | None = None,
+        choices_method: ChoicesSamplingMethod | None = None, **params: Any) -> SglExpr:
     """Generate into variable `name`. Unset parameters inherit the run() defaults.
 
+    `params`: any SamplingParams field by its name (radixlm/sampling_params.py), SGLang's `min_tokens`,
+    and the frontend's logprob fields and `dtype` (lang/params.py); `inspect.signature(gen)` lists them.
     With `choices`, this is `select`. `dtype` (int, float, str, bool) constrains the output to that
-    type; `regex` / `json_schema` (a JSON string) constrain it to a grammar.
+    type; `regex` / `json_schema` (a JSON string or a dict) constrain it to a grammar.
     """
     if choices:
+        temperature = params.get("temperature")
         return SglSelect(name, choices, 0.0 if temperature is None else temperature,
                          token_length_normalized if choices_method is None else choices_method)
-    if regex is not None:
-        re.compile(regex)  # fail at the program line, not inside the server
-    if isinstance(json_schema, dict):
-        json_schema = json.dumps(json_schema)  # the wire format carries the schema as a JSON string
-    return SglGen(name, GenParams.override(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
-        stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-        return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-        dtype=dtype, regex=regex, json_schema=json_schema))
+    return SglGen(name, GenParams.from_options({"max_tokens": max_tokens, **params}))
 
 
-def _typed_gen(dtype: type, name: str | None, kwargs: dict[str, Any]) -> SglExpr:
-    return gen(name, dtype=dtype, **kwargs)
-
-
-def gen_int(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
-            stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-            stop_regex: str | list[str] | None = None, temperature: float | None = None,
-            top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-            frequency_penalty: float | None = None, presence_penalty: float | None = None,
-            ignore_eos: bool | None = None, return_logprob: bool | None = None,
-            logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-            return_text_in_logprobs: bool | None = None) -> SglExpr:
+def gen_int(name: str | None = None, max_tokens: int | None = None, **params: Any) -> SglExpr:
     """`gen` constrained to an integer."""
-    kwargs = dict(locals())
-    kwargs.pop("name")
-    return _typed_gen(int, name, kwargs)
+    return gen(name, max_tokens, dtype=int, **params)
 
 
-def gen_string(name: str | None = None, max_tokens: int | None = None, n: int | None = None,
-               stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-               stop_regex: str | list[str] | None = None, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-               frequency_penalty: float | None = None, presence_penalty: float | None = None,
-               ignore_eos: bool | None = None, return_logprob: bool | None = None,
-               logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-               return_text_in_logprobs: bool | None = None) -> SglExpr:
+def gen_string(name: str | None = None, max_tokens: int | None = None, **params: Any) -> SglExpr:
     """`gen` constrained to a double-quoted string."""
-    kwargs = dict(locals())
-    kwargs.pop("name")
-    return _typed_gen(str, name, kwargs)
+    return gen(name, max_tokens, dtype=str, **params)
+
+
+def _keyword_signature(func: Callable[..., Any], names: Iterable[str]) -> inspect.Signature:
+    """func's signature with its **params spelled out as the keyword options it takes (for help())."""
+    head = [p for p in inspect.signature(func).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    taken = {p.name for p in head}
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in names if n not in taken]
+    return inspect.signature(func).replace(parameters=[*head, *extra])
+
+
+_GEN_KEYWORDS = ("min_tokens", *SAMPLING_FIELDS, *FRONTEND_FIELDS)
+gen.__signature__ = _keyword_signature(gen, _GEN_KEYWORDS)  # type: ignore[attr-defined]
+gen_int.__signature__ = _keyword_signature(gen_int, [n for n in _GEN_KEYWORDS if n != "dtype"])  # type: ignore[attr-defined]
+gen_string.__signature__ = _keyword_signature(gen_string, [n for n in _GEN_KEYWORDS if n != "dtype"])  # type: ignore[attr-defined]
 
 
 def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,

@@ -15,10 +15,11 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from radixlm.lang.ir import (GenParams, SglArgument, SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr,
-                             SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVarScopeBegin,
-                             SglVarScopeEnd, variable_names)
+from radixlm.lang.ir import (SglArgument, SglCommitLazy, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList,
+                             SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglVarScopeBegin, SglVarScopeEnd,
+                             variable_names)
 from radixlm.lang.origin import Origin, annotate
+from radixlm.lang.params import GenParams
 from radixlm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

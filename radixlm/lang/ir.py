@@ -1,130 +1,18 @@
-"""Intermediate representation of a frontend program: sampling overrides and expression nodes.
+"""Intermediate representation of a frontend program: expression nodes.
 
 Runs in the user's process. A program appends expressions to its state (`s += gen("x")`); the
 interpreter executes them in order. Nodes are plain values: the interpreter never mutates them, so
-one node (e.g. a module-level `gen`) may be appended to many states.
+one node (e.g. a module-level `gen`) may be appended to many states. Sampling options: lang/params.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from radixlm.lang.params import GenParams
 
 if TYPE_CHECKING:
     from radixlm.lang.choices import ChoicesSamplingMethod
-
-# The regexes SGLang's frontend uses for `dtype=`; kept identical so programs behave the same.
-REGEX_INT = r"[-+]?[0-9]+[ \n]*"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
-REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"\"[\w\d\s]*\""
-
-_DTYPE_REGEX: dict[str, tuple[str, bool]] = {
-    # name -> (regex, whether whitespace ends the value)
-    "int": (REGEX_INT, True),
-    "float": (REGEX_FLOAT, True),
-    "str": (REGEX_STR, False),
-    "bool": (REGEX_BOOL, False),
-}
-
-# Fields a `gen` may override; `None` means "inherit the run() default".
-OVERRIDABLE = (
-    "max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
-    "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
-    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "dtype", "regex", "json_schema",
-)
-
-
-@dataclass(frozen=True)
-class GenParams:
-    """Sampling parameters of one `gen`, as the frontend sees them (SGLang's SglSamplingParams).
-
-    As an override (inside `gen`) every field is optional; `run()` builds the defaults and the
-    interpreter merges the two with `merged_with`.
-    """
-
-    max_new_tokens: int | None = 128
-    min_new_tokens: int | None = 0
-    n: int | None = 1
-    stop: str | list[str] | tuple[str, ...] | None = ()
-    stop_token_ids: list[int] | tuple[int, ...] | None = ()
-    stop_regex: str | list[str] | tuple[str, ...] | None = ()
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0
-    top_k: int | None = -1
-    min_p: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
-    ignore_eos: bool | None = False
-    return_logprob: bool | None = None
-    logprob_start_len: int | None = None
-    top_logprobs_num: int | None = None
-    return_text_in_logprobs: bool | None = None
-    dtype: type | str | None = None
-    regex: str | None = None
-    json_schema: str | None = None
-
-    @classmethod
-    def override(cls, **values: Any) -> "GenParams":
-        """An override object: every field not given is None (inherit)."""
-        blank = {f.name: None for f in dataclasses.fields(cls)}
-        blank.update(values)
-        return cls(**blank)
-
-    def merged_with(self, override: "GenParams", extra_stop: tuple[str, ...] = ()) -> "GenParams":
-        """These defaults with every non-None field of `override` applied, plus template stop strings."""
-        changes = {name: getattr(override, name) for name in OVERRIDABLE if getattr(override, name) is not None}
-        merged = dataclasses.replace(self, **changes)
-        if extra_stop:
-            merged = dataclasses.replace(merged, stop=[*stop_list(merged.stop), *extra_stop])
-        return merged
-
-    def with_dtype_applied(self) -> "GenParams":
-        """Turn `dtype` into the regex (and stop strings) that constrain generation to that type."""
-        if self.dtype is None:
-            return self
-        name = self.dtype if isinstance(self.dtype, str) else getattr(self.dtype, "__name__", "")
-        if name not in _DTYPE_REGEX:
-            raise ValueError(f"dtype: unsupported dtype {self.dtype!r}; use int, float, str or bool")
-        regex, ends_on_space = _DTYPE_REGEX[name]
-        stop = stop_list(self.stop) + ([" ", "\n"] if ends_on_space else [])
-        return dataclasses.replace(self, regex=regex, stop=stop, dtype=None)
-
-    def to_native_sampling_params(self) -> dict[str, Any]:
-        """The `sampling_params` object of a native /generate request (SGLang's to_srt_kwargs)."""
-        return {
-            "skip_special_tokens": True,
-            "spaces_between_special_tokens": True,
-            "max_new_tokens": self.max_new_tokens,
-            "min_new_tokens": self.min_new_tokens,
-            "n": self.n,
-            "stop": stop_list(self.stop),
-            "stop_token_ids": list(self.stop_token_ids or ()),
-            "stop_regex": stop_list(self.stop_regex),
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "frequency_penalty": self.frequency_penalty,
-            "presence_penalty": self.presence_penalty,
-            "ignore_eos": self.ignore_eos,
-            "regex": self.regex,
-            "json_schema": self.json_schema,
-        }
-
-    def logprob_fields(self) -> dict[str, Any]:
-        """Top-level logprob fields of a native request; only those the program set."""
-        names = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
-
-
-def stop_list(stop: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    return list(stop)
 
 
 # ---- expression nodes ---------------------------------------------------------------------------

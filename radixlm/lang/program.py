@@ -7,7 +7,6 @@ so every item hits the radix cache.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import multiprocessing
 import threading
@@ -19,7 +18,7 @@ import tqdm
 from radixlm.lang.backend.base import BaseBackend
 from radixlm.lang.global_config import global_config
 from radixlm.lang.interpreter import StreamExecutor
-from radixlm.lang.ir import GenParams
+from radixlm.lang.params import RUN_OPTION_NAMES, GenParams
 from radixlm.lang.state import ProgramState
 
 
@@ -38,17 +37,6 @@ def resolve_backend(backend: Any) -> BaseBackend:
     if looks_like_engine(backend):
         return backend_for_engine(backend)
     raise TypeError(f"{type(backend).__name__} is not a radixlm backend")
-
-
-_GEN_FIELDS = frozenset(f.name for f in dataclasses.fields(GenParams))
-
-
-def _default_params(run_arguments: dict[str, Any]) -> GenParams:
-    """The sampling defaults among run()/run_batch()'s arguments (unset stop lists mean none)."""
-    values = {k: v for k, v in run_arguments.items() if k in _GEN_FIELDS}
-    for name in ("stop", "stop_token_ids", "stop_regex"):
-        values[name] = values.get(name) or []
-    return GenParams(**values)
 
 
 class SglFunction:
@@ -74,32 +62,30 @@ class SglFunction:
             raise TypeError(f"program {self.__name__!r} has no arguments {unknown}")
         return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
-    def run(self, *args: Any, max_new_tokens: int = 128, stop: str | list[str] | None = None,
-            stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None,
-            temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
-            frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
-            return_logprob: bool | None = None, logprob_start_len: int | None = None,
-            top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-            stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
-        """Run once; keyword arguments not named here are the program's arguments."""
-        defaults = _default_params(locals())
-        return run_program(self, resolve_backend(backend), args, kwargs, defaults, stream)
+    def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
+        """Run once. Keyword arguments that name a sampling option (any SamplingParams field, or a logprob
+        field: lang/params.py) are the defaults of every gen, unless the program itself declares an
+        argument of that name; all others are the program's arguments."""
+        defaults, program_kwargs = self._split_options(kwargs)
+        return run_program(self, resolve_backend(backend), args, program_kwargs, defaults, stream)
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]], *,
-                  max_new_tokens: int = 128, stop: str | list[str] | None = None,
-                  stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None,
-                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
-                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
-                  return_logprob: bool | None = None, logprob_start_len: int | None = None,
-                  top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-                  backend: Any = None, num_threads: int | str = "auto",
-                  progress_bar: bool = False) -> list[ProgramState]:
-        """Run once per item (a dict of arguments, or a tuple in parameter order); results in input order."""
+    def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]], *, backend: Any = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False, **options: Any) -> list[ProgramState]:
+        """Run once per item (a dict of arguments, or a tuple in parameter order); results in input order.
+        `options`: sampling options, as for run()."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts")
         items = [self._as_kwargs(item) for item in batch_kwargs]
-        defaults = _default_params(locals())
+        defaults, unknown = self._split_options(options)
+        if unknown:
+            raise TypeError(f"run_batch got unknown keyword arguments {sorted(unknown)}")
         return run_program_batch(self, resolve_backend(backend), items, defaults, num_threads, progress_bar)
+
+    def _split_options(self, kwargs: dict[str, Any]) -> tuple[GenParams, dict[str, Any]]:
+        """(the sampling defaults, the program's own arguments) among run()'s keywords."""
+        options = {k: v for k, v in kwargs.items() if k in RUN_OPTION_NAMES and k not in self.arg_names}
+        rest = {k: v for k, v in kwargs.items() if k not in options}
+        return GenParams.from_options(options), rest
 
     def _as_kwargs(self, item: Any) -> dict[str, Any]:
         if isinstance(item, dict):

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from radixlm.lang.backend.base import BaseBackend
 from radixlm.lang.interpreter import StreamExecutor
-from radixlm.lang.ir import GenParams, SglArgument
+from radixlm.lang.ir import SglArgument
+from radixlm.lang.params import GenParams
 from radixlm.lang.state import ProgramState
 
 if TYPE_CHECKING:

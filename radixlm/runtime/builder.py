@@ -13,7 +13,7 @@ from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.generate_input import InputLimits
 from radixlm.runtime.messages import TokenizedGenerateReq
 from radixlm.runtime.model.model_runner import ModelRunner
-from radixlm.runtime.model.sampler import make_generator
+from radixlm.runtime.sampling.sampler import make_generator
 from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable, TokenAllocator

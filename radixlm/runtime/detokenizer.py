@@ -18,6 +18,7 @@ import zmq
 from radixlm.runtime.generate_input import PreparedReq
 from radixlm.runtime.messages import (BatchStrOut, BatchTokenOut, ControlReq, ControlResp, GenerateReq,
                                       ProcessReady, StrOut, TokenOut, encode)
+from radixlm.runtime.proc import IpcAddrs
 from radixlm.runtime.response import ResponseState
 from radixlm.sampling_params import SamplingParams
 
@@ -26,8 +27,8 @@ logger = logging.getLogger("radixlm.detokenizer")
 InboundMsg = Union[GenerateReq, BatchTokenOut, ControlReq]
 
 
-def run_detokenizer_process(tokenizer_path: str, addrs: Any, parent_pid: int, log_level: str) -> None:
-    from radixlm.runtime.launch import die_with_parent, setup_logging
+def run_detokenizer_process(tokenizer_path: str, addrs: IpcAddrs, parent_pid: int, log_level: str) -> None:
+    from radixlm.runtime.proc import die_with_parent, setup_logging
     from radixlm.runtime.model.loader import load_tokenizer
 
     die_with_parent(parent_pid, cleanup_dir=addrs.directory)
@@ -61,6 +62,7 @@ class Detokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.states: dict[str, ResponseState] = {}
+        self.sent_chars: dict[str, int] = {}  # streaming: visible characters already sent, per rid
 
     def handle(self, msg: InboundMsg) -> BatchStrOut | ControlResp | None:
         if isinstance(msg, GenerateReq):
@@ -87,8 +89,22 @@ class Detokenizer:
         streaming = state.prepared.msg.stream
         if state.finished:
             del self.states[out.rid]
+            self.sent_chars.pop(out.rid, None)
             return StrOut(out.rid, len(out.new_ids), True, _finish_payload(state, out, streaming))
-        return StrOut(out.rid, len(out.new_ids), False, state.to_dict(streaming=True) if streaming else None)
+        if not streaming:
+            return StrOut(out.rid, len(out.new_ids), False)
+        return StrOut(out.rid, len(out.new_ids), False, self._delta(state, out), delta=True,
+                      num_rollback=out.num_rollback)
+
+    def _delta(self, state: ResponseState, out: TokenOut) -> dict[str, Any]:
+        """The streaming update with only what is new: the visible text only grows (a tail that may
+        become a stop string is held back), and the ids change exactly as this TokenOut says."""
+        payload = state.to_dict(streaming=True)
+        sent = self.sent_chars.get(out.rid, 0)
+        self.sent_chars[out.rid] = len(payload["text"])
+        payload["text"] = payload["text"][sent:]
+        payload["output_ids"] = list(out.new_ids)
+        return payload
 
 
 def _finish_payload(state: ResponseState, out: TokenOut, streaming: bool) -> dict[str, Any]:

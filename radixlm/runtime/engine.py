@@ -12,11 +12,13 @@ import queue
 from typing import Any, Iterator
 
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.builder import build_scheduler, make_req
+from radixlm.runtime.builder import build_scheduler
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.engine_loop import EngineLoop
 from radixlm.runtime.generate_input import PreparedReq, prepare_generate
+from radixlm.runtime.messages import GenerateReq
 from radixlm.runtime.response import ResponseState
+from radixlm.runtime.scheduler import info
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ class Engine:
     def __init__(self, model_path: str | None = None, **options: Any):
         self.config = EngineConfig.from_options(model_path, **options)
         self._loop = EngineLoop(lambda: build_scheduler(self.config))  # loads the model on the loop thread
-        built = self._loop.built
+        built = self._built = self._loop.built
         self.model_dir = built.model_dir
         self.tokenizer = built.tokenizer
         self.runner = built.runner
@@ -63,11 +65,14 @@ class Engine:
         return [ResponseState(rid, p, self.tokenizer, child=i) for i, rid in enumerate(rids)]
 
     def _submit(self, states: list[ResponseState]) -> queue.Queue:
+        """One GenerateReq per prompt (its n copies as child rids), as the server sends them."""
         inbox: queue.Queue = queue.Queue()
-        reqs = []
+        by_prompt: dict[int, list[ResponseState]] = {}
         for state in states:
-            reqs.append(make_req(state.prepared.msg, state.params, state.rid, state.child, self.runner.device))
-        self._loop.submit(reqs, inbox)
+            by_prompt.setdefault(id(state.prepared), []).append(state)
+        for group in by_prompt.values():
+            p = group[0].prepared
+            self._loop.submit(GenerateReq(p.msg, [s.rid for s in group], p.return_text_in_logprobs), inbox)
         return inbox
 
     def _run(self, states: list[ResponseState]) -> list[dict[str, Any]]:
@@ -76,8 +81,6 @@ class Engine:
         pending = len(states)
         while pending:
             out = inbox.get()
-            if isinstance(out, BaseException):
-                raise out
             state = by_rid[out.rid]
             state.update(out)
             pending -= state.finished
@@ -93,8 +96,6 @@ class Engine:
         try:
             while not state.finished:
                 out = inbox.get()
-                if isinstance(out, BaseException):
-                    raise out
                 state.update(out)
                 if state.error is not None:
                     raise _refused(state.error)
@@ -120,28 +121,10 @@ class Engine:
         self._loop.call(check)
 
     def get_server_info(self) -> dict[str, Any]:
-        info = self.runner.info
-        kv = self.scheduler.kv
-        return {
-            "model_path": str(self.model_dir), "device": info.device, "dtype": info.dtype,
-            "num_threads": info.num_threads, "context_length": info.context_len,
-            "max_total_num_tokens": info.max_total_tokens,
-            "max_running_requests": self.config.scheduler.max_running_requests,
-            "chunked_prefill_size": self.config.scheduler.chunked_prefill_size,
-            "schedule_policy": self.config.scheduler.schedule_policy,
-            "disable_radix_cache": self.config.cache.disable_radix_cache,
-            "cache_stats": self.cache_stats(),
-            "num_free_tokens": kv.allocator.num_free(),
-            "num_forward_steps": self.scheduler.num_forward_steps,
-        }
+        return info.server_info(self._built, self.config)
 
     def cache_stats(self) -> dict[str, float]:
-        stats = self.scheduler.stats.to_dict()
-        tree = self.scheduler.kv.tree
-        if tree is not None:
-            stats["evicted_tokens"] = getattr(tree.stats, "evicted_tokens", 0)
-            stats["cached_tree_tokens"] = tree.total_size()
-        return stats
+        return info.cache_stats(self.scheduler)
 
     def shutdown(self) -> None:
         self._loop.stop()
@@ -161,6 +144,12 @@ class Engine:
             pass
 
 
-def _refused(error: dict[str, Any]) -> InvalidRequestError:
-    """The scheduler refused the request (e.g. its grammar did not compile): the caller's 400."""
-    return InvalidRequestError(error["message"], error.get("param"), error.get("code") or "invalid_value")
+def _refused(error: dict[str, Any]) -> Exception:
+    """The scheduler refused or failed the request: a full queue is OverflowError, a failed step RuntimeError,
+    anything else (e.g. a grammar that does not compile) the caller's 400, InvalidRequestError."""
+    code = error.get("code") or "invalid_value"
+    if code == "queue_full":
+        return OverflowError(error["message"])
+    if code == "internal_error":
+        return RuntimeError(error["message"])
+    return InvalidRequestError(error["message"], error.get("param"), code)

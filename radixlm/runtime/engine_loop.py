@@ -1,8 +1,9 @@
-"""EngineLoop: the Engine's background thread that owns the Scheduler.
+"""EngineLoop: the Engine's background thread, which owns the Scheduler and runs the scheduler loop.
 
-Runs in the user's process. Only this thread touches the scheduler; other threads hand it work through
-a command queue (submit, abort, or a function to call on the loop thread), so the scheduler needs no
-locks and requests from many threads share every batch.
+Runs in the user's process. The loop is scheduler/loop.py's SchedulerLoop, the same one the scheduler
+process runs, over a queue transport (scheduler/transport.py) instead of ZMQ: other threads hand it work
+(a request, an abort, or a function to call on the loop thread) through one queue, so the scheduler needs
+no locks and requests from many threads share every batch.
 
 The model is loaded on this thread too, so all of the engine's torch work runs on one thread and uses
 one OpenMP thread pool. Why: libgomp keeps a pool per thread that ever ran a parallel region, and once
@@ -14,17 +15,15 @@ of the ~150 multi-threaded matmuls of a decode step then pays a wake-up. Measure
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from radixlm.runtime.messages import TokenOut
-from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.messages import AbortReq, ControlReq, GenerateReq
+from radixlm.runtime.scheduler.loop import SchedulerLoop
 from radixlm.runtime.scheduler.scheduler import Scheduler
-
-logger = logging.getLogger(__name__)
+from radixlm.runtime.scheduler.transport import LocalCall, QueueTransport
 
 
 class EngineLoop:
@@ -32,9 +31,9 @@ class EngineLoop:
 
     def __init__(self, build: Callable[[], Any]):
         """build() runs first on the loop thread (see the module docstring) and returns an object with a
-        `scheduler`; it is kept as `built`. Its exception, if any, is raised here."""
-        self._commands: queue.Queue = queue.Queue()
-        self._inboxes: dict[str, queue.Queue] = {}
+        `scheduler` (and a `runner`, read when a request is added); it is kept as `built`. Its exception,
+        if any, is raised here."""
+        self.transport = QueueTransport()
         self._stopped = False
         started: Future = Future()
         self._thread = threading.Thread(target=self._main, args=(build, started), name="radixlm-engine",
@@ -43,6 +42,8 @@ class EngineLoop:
         self.built = started.result()
 
     def _main(self, build: Callable[[], Any], started: Future) -> None:
+        from radixlm.runtime.builder import make_req
+
         try:
             built = build()
         except BaseException as exc:  # noqa: BLE001 - handed to the constructing thread
@@ -51,95 +52,35 @@ class EngineLoop:
             return
         self.scheduler = built.scheduler
         started.set_result(built)
-        self._run()
+        SchedulerLoop(built.scheduler, self.transport,
+                      lambda msg, params, rid, child: make_req(msg, params, rid, child, built.runner.device),
+                      shutdown_message="engine shut down").run()
 
     # ---- called from user threads -----------------------------------------------------------------
-    def submit(self, reqs: list[Req], inbox: queue.Queue) -> None:
+    def submit(self, msg: GenerateReq, inbox: queue.Queue) -> None:
+        """Run the request; every child rid's TokenOuts arrive in inbox (a refusal is one with `error`)."""
         self._check_alive()
-        self._commands.put(("submit", (reqs, inbox)))
+        self.transport.submit(msg, inbox)
 
     def abort(self, rid: str) -> None:
         if not self._stopped:
-            self._commands.put(("abort", rid))
+            self.transport.put(AbortReq(rid=rid))
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the loop thread (between steps) and return its result."""
         self._check_alive()
         fut: Future = Future()
-        self._commands.put(("call", (fn, fut)))
+        self.transport.put(LocalCall(fn, fut))
         return fut.result()
 
     def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        self._commands.put(("stop", None))
+        self.transport.put(ControlReq(req_id="", kind="shutdown"))
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
     def _check_alive(self) -> None:
         if self._stopped or not self._thread.is_alive():
             raise RuntimeError("the engine has been shut down")
-
-    # ---- the loop thread --------------------------------------------------------------------------
-    def _run(self) -> None:
-        while self._drain_commands(self._wait_timeout()):
-            if self.scheduler.has_work():
-                self._step()
-
-    def _wait_timeout(self) -> float | None:
-        """How long to wait for a command: forever when idle, a few ms when the only work is grammars
-        compiling elsewhere (poll them without spinning), not at all when a step can run."""
-        if not self.scheduler.has_work():
-            return None
-        return 0.005 if not self.scheduler.has_runnable() else 0.0
-
-    def _drain_commands(self, timeout: float | None) -> bool:
-        """Handle every queued command (waiting up to `timeout` for the first); False on stop."""
-        try:
-            cmd, arg = self._commands.get_nowait() if timeout == 0.0 else self._commands.get(timeout=timeout)
-            while True:
-                if cmd == "stop":
-                    self._dispatch(self.scheduler.abort_all("engine shut down"))
-                    return False
-                self._handle(cmd, arg)
-                cmd, arg = self._commands.get_nowait()
-        except queue.Empty:
-            return True
-
-    def _handle(self, cmd: str, arg: Any) -> None:
-        if cmd == "submit":
-            reqs, inbox = arg
-            for req in reqs:
-                self._inboxes[req.rid] = inbox
-                try:
-                    self.scheduler.add_request(req)
-                except OverflowError as exc:
-                    self._inboxes.pop(req.rid)
-                    inbox.put(exc)
-        elif cmd == "abort":
-            self._dispatch(self.scheduler.abort(arg))
-        elif cmd == "call":
-            fn, fut = arg
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # report to the caller, keep serving
-                fut.set_exception(exc)
-
-    def _step(self) -> None:
-        try:
-            outputs = self.scheduler.step()
-        except Exception as exc:  # a bug in a step must not hang every caller: fail what is in flight
-            logger.exception("scheduler step failed")
-            self._dispatch(self.scheduler.abort_all(f"internal error: {exc}"))
-            return
-        self._dispatch(outputs)
-
-    def _dispatch(self, outputs: list[TokenOut]) -> None:
-        for out in outputs:
-            inbox = self._inboxes.get(out.rid)
-            if inbox is None:
-                continue
-            inbox.put(out)
-            if out.finish is not None:
-                del self._inboxes[out.rid]

@@ -1,7 +1,7 @@
 """Start the server: the scheduler and detokenizer processes, the ready handshake, then uvicorn.
 
-Runs in the server's main process (which becomes the HTTP + tokenizer-manager process). The child-side
-helpers (`die_with_parent`, `setup_logging`) run at the start of each child.
+Runs in the server's main process (which becomes the HTTP + tokenizer-manager process). Addresses,
+logging, the children's parent-death watch and exit_now live in runtime/proc.py.
 
 Process tree: main (uvicorn + TokenizerManager) -> scheduler (or --dp-size schedulers, one model copy
 each), detokenizer; all started with the "spawn" context so they never inherit a forked torch or
@@ -11,7 +11,6 @@ process removes on exit; every message is a msgspec struct (runtime/messages.py)
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import os
@@ -19,97 +18,13 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
 from radixlm.runtime.config import EngineConfig, ServerConfig
+from radixlm.runtime.proc import IpcAddrs, setup_logging
 
 logger = logging.getLogger("radixlm.server")
-
-_PR_SET_PDEATHSIG = 1
-# A child's parent watch: how often it checks that the parent is still there.
-_PARENT_POLL_S = 0.5
-
-
-@dataclass(frozen=True)
-class IpcAddrs:
-    """ZMQ endpoints; each receiver binds its own PULL socket, senders connect PUSH sockets."""
-
-    scheduler_in: str
-    detokenizer_in: str
-    tokenizer_in: str
-    dp_size: int = 1  # scheduler ranks, each with its own input (scheduler_ins)
-
-    @classmethod
-    def in_dir(cls, directory: str, dp_size: int = 1) -> "IpcAddrs":
-        return cls(*(f"ipc://{os.path.join(directory, name)}" for name in ("sched", "detok", "tok")), dp_size)
-
-    @property
-    def scheduler_ins(self) -> list[str]:
-        """One input per data-parallel scheduler rank; dp_size 1 keeps the single scheduler's name."""
-        if self.dp_size == 1:
-            return [self.scheduler_in]
-        return [f"{self.scheduler_in}{rank}" for rank in range(self.dp_size)]
-
-    def for_rank(self, rank: int) -> "IpcAddrs":
-        """What scheduler rank `rank` binds and connects to (it reads only scheduler_in)."""
-        return dataclasses.replace(self, scheduler_in=self.scheduler_ins[rank], dp_size=1)
-
-    @property
-    def directory(self) -> str:
-        return os.path.dirname(self.scheduler_in[len("ipc://"):])
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), force=True,
-                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
-
-
-def die_with_parent(parent_pid: int, cleanup_dir: str | None = None) -> None:
-    """Make this child exit when the server process dies, however it dies (even SIGKILL).
-
-    Without cleanup_dir: the kernel's parent-death signal (SIGKILL, Linux) plus a polling thread for
-    other platforms and for the race where the parent died before prctl ran. With cleanup_dir (the
-    detokenizer, which never blocks long): only the polling thread, which first removes that directory
-    (the socket files a SIGKILLed server could not remove) and then exits."""
-    if cleanup_dir is None and sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
-
-    def orphaned() -> None:
-        if cleanup_dir is not None:
-            shutil.rmtree(cleanup_dir, ignore_errors=True)
-        os._exit(1)
-
-    if os.getppid() != parent_pid:
-        orphaned()
-
-    def watch() -> None:
-        while True:
-            time.sleep(_PARENT_POLL_S)
-            if os.getppid() != parent_pid:
-                orphaned()
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-    # Ctrl-C and `kill -- -PGID` reach the whole process group; the server decides when children stop
-    # (after a drain), so they ignore these signals and are ended by the server with SIGKILL.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def exit_now(code: int) -> None:
-    """Leave without interpreter finalization: every resource is already released by then, and tearing
-    down torch and ZMQ contexts at exit can block for seconds (a context's term waits on sockets that
-    the garbage collector has not closed yet)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
 
 def start_children(engine_config: EngineConfig, server_config: ServerConfig, addrs: IpcAddrs,
                    tokenizer_path: str) -> dict[str, BaseProcess]:

@@ -125,15 +125,21 @@ class Heartbeat(msgspec.Struct, tag=True):
     dp_rank: int = 0  # which data-parallel scheduler sent it (--dp-size)
 
 
-class StrOut(msgspec.Struct):
-    """Detokenizer -> tokenizer manager for one request. `payload` is the native response dict
-    (streaming: every update; otherwise only the final one, earlier updates carry None so the
-    tokenizer manager can still time first and later tokens)."""
+class StrOut(msgspec.Struct, omit_defaults=True):
+    """Detokenizer -> tokenizer manager for one request. `payload` has the native response dict's shape.
+    The final update carries the whole response. A streaming request's earlier updates are deltas
+    (`delta`): `text` holds only the newly visible text and `output_ids` only the new ids (after dropping
+    the last `num_rollback` ids sent, see TokenOut.num_rollback), so bytes per update do not grow with the
+    output; the tokenizer manager reassembles the cumulative shape (server/stream_assembly.py). A
+    non-streaming request's earlier updates carry None, so the tokenizer manager can still time first
+    and later tokens."""
 
     rid: str
     num_new_tokens: int
     finished: bool
     payload: Optional[dict[str, Any]] = None
+    delta: bool = False
+    num_rollback: int = 0
 
 
 class BatchStrOut(msgspec.Struct, tag=True):

@@ -15,7 +15,7 @@ from radixlm.constrained import fsm as fsm_module
 from radixlm.constrained.bitmask import (MaskBuilder, additive_row, allowed_list, apply_grammar_mask, num_words,
                                          pack_bool, unpack_blocked)
 from radixlm.kernels.grammar_mask import apply_grammar_bitmask_reference, unpack_bitmask
-from radixlm.runtime.model.sampler import Sampler, SamplingRow
+from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
 from radixlm.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -253,7 +253,7 @@ def test_greedy_under_grammar_picks_the_masked_argmax(width, monkeypatch):
 
     calls = []
     real_apply = bitmask.apply_grammar_mask
-    monkeypatch.setattr("radixlm.runtime.model.sampler.apply_grammar_mask",
+    monkeypatch.setattr("radixlm.runtime.sampling.sampler.apply_grammar_mask",
                         lambda *a: calls.append(a[2]) or real_apply(*a))
     limit = width - 6
     sampler = Sampler(limit, frozenset({0}))
@@ -316,7 +316,7 @@ def test_sampled_rows_under_a_grammar_follow_the_masked_distribution(layout):
 def test_a_seeded_row_settled_by_its_allowed_list_ignores_its_batch():
     """A seeded sampled row drawn from its allowed list gives the same tokens alone and next to rows that
     take the full path (its generator advances once a step either way)."""
-    from radixlm.runtime.model.sampler import make_generator
+    from radixlm.runtime.sampling.sampler import make_generator
 
     width = 96
     few, most, _ = _masks(width, width - 6, seed=3)

@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from radixlm.runtime.model.layers.attention import AttentionMetadata, TorchAttentionBackend  # noqa: E402
+from radixlm.runtime.forward import AttentionMetadata  # noqa: E402
+from radixlm.runtime.model.layers.attention import TorchAttentionBackend  # noqa: E402
 from radixlm.runtime.model.layers.attention_triton import TritonAttentionBackend  # noqa: E402
 
 LAYER = 1

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import radixlm as sgl
-from radixlm.lang.ir import REGEX_INT
+from radixlm.lang.params import REGEX_INT
 from radixlm.sampling_params import SamplingParamError
 
 

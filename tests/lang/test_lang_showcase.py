@@ -12,9 +12,11 @@ from radixlm import showcase
 from radixlm.runtime.cli import build_parser
 
 
-def test_cli_showcase_subcommand_takes_engine_flags():
+def test_cli_showcase_subcommand_takes_engine_flags(monkeypatch):
     args = build_parser().parse_args(["showcase", "--num-threads", "1", "--disable-radix-cache"])
-    assert args.func is showcase.cmd_showcase
+    seen = []
+    monkeypatch.setattr(showcase, "cmd_showcase", lambda a: seen.append(a) or 0)
+    assert args.func(args) == 0 and seen == [args]  # the subcommand runs showcase.cmd_showcase
     assert args.num_threads == 1 and args.disable_radix_cache is True
 
 

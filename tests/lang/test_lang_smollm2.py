@@ -14,7 +14,7 @@ import torch
 
 import radixlm as sgl
 from radixlm.lang.backend.engine import backend_for_engine
-from radixlm.lang.ir import REGEX_FLOAT, REGEX_INT, REGEX_STR
+from radixlm.lang.params import REGEX_FLOAT, REGEX_INT, REGEX_STR
 
 pytestmark = pytest.mark.slow
 

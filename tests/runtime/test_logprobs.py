@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.runtime.model.logprobs import logprobs_of_ids, token_logprobs, top_logprobs
+from radixlm.runtime.sampling.logprobs import logprobs_of_ids, token_logprobs, top_logprobs
 
 
 def _logits(seed: int, n: int = 6, v: int = 500, scale: float = 4.0) -> torch.Tensor:

@@ -14,7 +14,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from radixlm.runtime.model.sampler import Sampler, SamplingRow, inverse_cdf_sample, make_generator, support_mask
+from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, inverse_cdf_sample, make_generator, support_mask
 from radixlm.sampling_params import SamplingParams
 
 EOS = 5
@@ -301,7 +301,7 @@ def test_large_vocab_smoke():
 
 
 def test_argmax_rows_matches_torch_argmax_on_ties_nan_and_views():
-    from radixlm.runtime.model.sampler import argmax_rows
+    from radixlm.runtime.sampling.sampler import argmax_rows
 
     x = torch.randn(5, 40, generator=torch.Generator().manual_seed(3))
     x[1, 7] = x[1, 30] = 99.0  # a tie: the first index wins

@@ -21,8 +21,7 @@ def test_sglang_flag_names_parse_into_configs():
     cfg = server_config(args)
     assert (cfg.host, cfg.port, cfg.api_keys, cfg.served_model_name) == ("0.0.0.0", 31000, ("k1", "k2"), "s")
     assert cfg.enable_metrics and cfg.log_level == "error" and cfg.admin_api_key == "a"
-    engine = EngineConfig.from_options("m", **engine_options(args), max_queued_requests=args.max_queued_requests,
-                                       grammar_backend=args.grammar_backend)
+    engine = EngineConfig.from_options("m", **engine_options(args))  # the engine flags include both
     assert engine.grammar.grammar_backend == "xgrammar"
     assert engine.model.context_length == 256 and engine.cache.max_total_tokens == 1000
     assert engine.cache.disable_radix_cache and engine.scheduler.schedule_policy == "fcfs"

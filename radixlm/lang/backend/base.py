@@ -16,7 +16,7 @@ from radixlm.lang.chat_template import ChatTemplate, get_chat_template
 if TYPE_CHECKING:
     from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod
     from radixlm.lang.interpreter import StreamExecutor
-    from radixlm.lang.ir import GenParams
+    from radixlm.lang.params import GenParams
 
 
 class BaseBackend(ABC):

@@ -1,7 +1,7 @@
 """The native-API protocol the frontend speaks, shared by RuntimeEndpoint (HTTP) and Engine (in-process).
 
 Runs in the user's process. Requests are the dicts native /generate takes and responses the dicts it
-returns (../shared/design/wire-protocol.md); only the transport differs between the two backends.
+returns (docs/wire-protocol.md); only the transport differs between the two backends.
 The call sequence matches the stock SGLang frontend, so a server sees the same traffic from both:
 gen -> one /generate; select -> prefix prefill, one batched scoring request with
 logprob_start_len = L-2, and (unconditional scoring only) an input_ids request; fork -> a
@@ -16,7 +16,7 @@ from radixlm.lang.backend.base import BaseBackend
 from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
 from radixlm.lang.interpreter import StreamExecutor
-from radixlm.lang.ir import GenParams
+from radixlm.lang.params import GenParams
 
 Entry = list[Any]  # [logprob | None, token_id, text | None]
 

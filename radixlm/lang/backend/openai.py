@@ -21,15 +21,16 @@ from radixlm.lang.backend.base import BaseBackend
 from radixlm.lang.chat_template import ChatTemplate, get_chat_template_by_model_path
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
 from radixlm.lang.interpreter import StreamExecutor
-from radixlm.lang.ir import GenParams, stop_list
+from radixlm.lang.params import GenParams, stop_list
 
 
 class NoPromptLogprobs(Exception):
     """The server did not echo prompt logprobs."""
 
 
-def _extensions(p: GenParams) -> dict[str, Any]:
+def _extensions(params: GenParams) -> dict[str, Any]:
     """radixlm/SGLang /v1 extensions, sent only when they differ from the default (plain OpenAI rejects them)."""
+    p = params.sampling
     values = {"top_k": p.top_k if p.top_k not in (None, -1) else None,
               "min_p": p.min_p or None, "min_tokens": p.min_new_tokens or None,
               "stop_token_ids": list(p.stop_token_ids) if p.stop_token_ids else None,
@@ -60,13 +61,14 @@ class OpenAI(BaseBackend):
             raise RuntimeError("for a chat model, gen must come right after the assistant role opens")
         return at_assistant_start if self.force_chat is None else self.force_chat
 
-    def _kwargs(self, p: GenParams) -> dict[str, Any]:
+    def _kwargs(self, params: GenParams) -> dict[str, Any]:
+        p = params.sampling
         kwargs: dict[str, Any] = {"model": self.model_name, "max_tokens": p.max_new_tokens,
                                   "temperature": p.temperature, "top_p": p.top_p, "n": p.n,
                                   "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty}
         if stop_list(p.stop):
             kwargs["stop"] = stop_list(p.stop)
-        extra = _extensions(p)
+        extra = _extensions(params)
         if extra:
             kwargs["extra_body"] = extra
         return kwargs
@@ -136,7 +138,7 @@ class OpenAI(BaseBackend):
         return out
 
     def _select_by_generation(self, s: StreamExecutor, choices: list[str]) -> ChoicesDecision:
-        params = GenParams(max_new_tokens=max(len(c) for c in choices) + 2, temperature=0.0)
+        params = GenParams.override(max_new_tokens=max(len(c) for c in choices) + 2, temperature=0.0)
         completion, _ = self.generate(s, params)
         text = completion[0] if isinstance(completion, list) else completion
         text = text.lstrip() if s.cur_role == "assistant" else text

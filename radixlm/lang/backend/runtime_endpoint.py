@@ -1,7 +1,7 @@
 """RuntimeEndpoint: the frontend backend for a radixlm (or SGLang) server's native HTTP API.
 
 Runs in the user's process. Speaks the native API exactly as the stock SGLang frontend does
-(../shared/design/wire-protocol.md), so the same program produces the same traffic against either
+(docs/wire-protocol.md), so the same program produces the same traffic against either
 server. One httpx.Client is shared by all program threads (it is thread-safe and pools connections).
 """
 

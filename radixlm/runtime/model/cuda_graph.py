@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from radixlm.runtime.model.layers.attention import AttentionMetadata
+from radixlm.runtime.forward import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.model.layers.attention import AttentionBackend, AttentionMetadata, KVPoolLike
+from radixlm.runtime.forward import AttentionMetadata
+from radixlm.runtime.model.layers.attention import AttentionBackend, KVPoolLike
 from radixlm.runtime.model.layers.norm import RMSNorm
 from radixlm.runtime.model.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_one
 

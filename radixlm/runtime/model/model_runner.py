@@ -13,13 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
+from radixlm.runtime.forward import ForwardBatch, to_device
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
-from radixlm.runtime.model.host_copy import to_device
+from radixlm.runtime.model.kv_pool import KVPool
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
 from radixlm.runtime.model.weight_layout import apply_weight_layout, resolve_layout
-from radixlm.runtime.scheduler.batch import ForwardBatch
-from radixlm.runtime.scheduler.memory_pool import KVPool
 
 logger = logging.getLogger(__name__)
 

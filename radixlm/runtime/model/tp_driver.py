@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 from radixlm.runtime.config import ModelConfig
+from radixlm.runtime.forward import ForwardBatch
 from radixlm.runtime.model import dist_init
 from radixlm.runtime.model.llama import CausalLM, Dims
 from radixlm.runtime.model.parallel import TPContext, check_divisible, plan_shard, shard_model
 from radixlm.runtime.model.tp_worker import broadcast_int, send_shutdown, send_step
-from radixlm.runtime.scheduler.batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
 

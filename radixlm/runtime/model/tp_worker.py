@@ -17,16 +17,14 @@ import dataclasses
 import json
 import logging
 import os
-import threading
-import time
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
 from radixlm.runtime.config import ModelConfig
-from radixlm.runtime.model.layers.attention import AttentionMetadata
-from radixlm.runtime.scheduler.batch import ForwardBatch
+from radixlm.runtime.forward import AttentionMetadata, ForwardBatch
+from radixlm.runtime.proc import setup_logging, watch_parent
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +84,8 @@ def run_worker(mc: ModelConfig, rank: int) -> None:
 
     from radixlm.runtime.model import dist_init
     from radixlm.runtime.model.model_runner import ModelRunner, _context_len, resolve_device, resolve_dtype
+    from radixlm.runtime.model.kv_pool import KVPool
     from radixlm.runtime.model.tp_driver import load_sharded_model
-    from radixlm.runtime.scheduler.memory_pool import KVPool
 
     layout = dist_init.tp_layout(mc)
     device = dist_init.rank_device(resolve_device(mc.device), layout, rank)
@@ -127,25 +125,15 @@ def launch_node(mc: ModelConfig) -> int:
     return max(p.wait() for p in procs)
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-    """A worker must not outlive the process that spawned it (it would block in a broadcast forever)."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="radixlm-tp-parent-watch", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="radixlm tensor-parallel worker rank (started by rank 0)")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--config", required=True, help="ModelConfig as JSON")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"[tp{args.rank}] %(levelname)s %(message)s")
+    setup_logging("info", f"[tp{args.rank}] %(levelname)s %(message)s")
     parent = os.environ.get("RADIXLM_TP_PARENT_PID")
-    if parent:
-        _exit_with_parent(int(parent))
+    if parent:  # a worker must not outlive the process that spawned it (it would block in a broadcast forever)
+        watch_parent(int(parent), poll_s=1.0)
     run_worker(ModelConfig(**json.loads(args.config)), args.rank)
 
 

@@ -1,52 +1,20 @@
-"""ForwardBatch: the tensors of one forward pass, built from the scheduler's plan for a step.
+"""build_forward_batch: the scheduler's plan for a step (PlannedRows) -> the tensors of one forward.
 
-Runs in the scheduler process. A step is one flat batch of new tokens: request i contributes
-`num_new[i]` tokens starting at sequence position `start[i]` (its kv_len before the step). Decode rows
-are the case num_new == 1; a mixed step simply has both kinds of rows.
+Runs in the scheduler process. The types (PlannedRow, ForwardBatch, AttentionMetadata) live in
+runtime/forward.py so the model reads them without importing scheduler code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from radixlm.runtime.model.host_copy import to_device
-from radixlm.runtime.model.layers.attention import AttentionMetadata
+from radixlm.runtime.forward import AttentionMetadata, ForwardBatch, PlannedRow, to_device
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable
 from radixlm.runtime.scheduler.request import Req
 
 
-@dataclass
-class PlannedRow:
-    req: Req
-    start: int  # sequence position of the first new token (= kv_len before the step)
-    num_new: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_new
-
-
-@dataclass
-class ForwardBatch:
-    rows: list[PlannedRow]
-    input_ids: torch.Tensor  # int64 [T]
-    positions: torch.Tensor  # int64 [T]
-    meta: AttentionMetadata
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.numel())
-
-    def token_index(self, row_idx: int, seq_pos: int) -> int:
-        """Index in the flat token dim of sequence position seq_pos of row row_idx."""
-        row = self.rows[row_idx]
-        return self.meta.extend_start_loc_list[row_idx] + (seq_pos - row.start)
-
-
-def build_forward_batch(rows: list[PlannedRow], table: ReqToTokenTable, sm_scale: float,
-                        device: torch.device) -> ForwardBatch:
+def build_forward_batch(rows: list[PlannedRow[Req]], table: ReqToTokenTable, sm_scale: float,
+                        device: torch.device) -> ForwardBatch[Req]:
     ids: list[int] = []
     positions: list[int] = []
     token_rows: list[int] = []  # request-table row of each new token
@@ -60,7 +28,7 @@ def build_forward_batch(rows: list[PlannedRow], table: ReqToTokenTable, sm_scale
     prefix_lens = [r.start for r in rows]
     extend_lens = [r.num_new for r in rows]
     # Every per-step integer goes to the device in ONE copy, queued without a host sync on CUDA
-    # (model/host_copy.py): seven `torch.tensor(..., device=cuda)` calls were seven host syncs per step.
+    # (runtime/forward.py): seven `torch.tensor(..., device=cuda)` calls were seven host syncs per step.
     parts = [ids, positions, token_rows, [r.req.row for r in rows], seq_lens, prefix_lens, extend_lens, starts]
     packed = to_device(torch.tensor([x for part in parts for x in part], dtype=torch.int64), device)
     (ids_t, positions_t, token_rows_t, req_rows_t, seq_lens_t, prefix_lens_t, extend_lens_t,

@@ -1,11 +1,12 @@
-"""The scheduler process: ZMQ IO around the plain Scheduler class.
+"""The scheduler loop: ONE lifecycle around the plain Scheduler class, over a transport (transport.py).
 
-Runs in the scheduler process (started by runtime/launch.py). Receives GenerateReq / AbortReq /
-ControlReq from the tokenizer manager without blocking while there is work, runs one scheduler step
-at a time, and sends every step's TokenOuts to the detokenizer. Between steps it sends a Heartbeat to
-the tokenizer manager, whose watchdog treats a silent scheduler as hung. With `--dp-size N` the server
-runs N of these processes (dp_rank 0..N-1), each with its own model copy, input socket and cache; they
-share the detokenizer and the tokenizer manager, and tag their ready and heartbeat messages with dp_rank.
+Runs in the scheduler process (started by runtime/launch.py, ZMQ transport) and on the in-process
+Engine's loop thread (runtime/engine_loop.py, queue transport). Receives GenerateReq / AbortReq /
+ControlReq without blocking while there is work, runs one scheduler step at a time, and sends every
+step's TokenOuts out. Between steps it sends a Heartbeat (server only), which the tokenizer manager's
+watchdog reads: a silent scheduler is hung. With `--dp-size N` the server runs N of these processes
+(dp_rank 0..N-1), each with its own model copy, input socket and cache; they share the detokenizer and the
+tokenizer manager, and tag their ready and heartbeat messages with dp_rank.
 """
 
 from __future__ import annotations
@@ -13,31 +14,35 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Union
+from typing import Any, Callable
 
-import msgspec
 import zmq
 
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.builder import BuiltScheduler, build_scheduler, make_req
+from radixlm.runtime.builder import build_scheduler
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.messages import (AbortReq, BatchTokenOut, ControlReq, ControlResp, GenerateReq, Heartbeat,
-                                      ProcessReady, TokenOut, encode)
+from radixlm.runtime.messages import (AbortReq, ControlReq, ControlResp, GenerateReq, Heartbeat, ProcessReady,
+                                      TokenizedGenerateReq, TokenOut, encode)
+from radixlm.runtime.proc import IpcAddrs
+from radixlm.runtime.scheduler.info import live_info, model_info
+from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.scheduler.scheduler import Scheduler
 from radixlm.runtime.scheduler.status_log import StatusLog
+from radixlm.runtime.scheduler.transport import InboundMsg, LocalCall, Transport, ZmqTransport
 from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger("radixlm.scheduler")
 
-HEARTBEAT_INTERVAL_S = 0.5
-_IDLE_POLL_MS = 100  # how long to block for a message when there is no work
-_GRAMMAR_POLL_MS = 2  # only grammars compiling (in worker processes): check often, but do not spin
+GRAMMAR_POLL_S = 0.002  # only grammars compiling (in worker processes): check often, but do not spin
 
-InboundMsg = Union[GenerateReq, AbortReq, ControlReq]
+# (the request message, its sampling params, child rid, child index) -> a scheduler Req
+MakeReq = Callable[[TokenizedGenerateReq, SamplingParams, str, int], Req]
 
 
-def run_scheduler_process(config: EngineConfig, addrs: Any, parent_pid: int, log_level: str,
+def run_scheduler_process(config: EngineConfig, addrs: IpcAddrs, parent_pid: int, log_level: str,
                           dp_rank: int = 0) -> None:
-    from radixlm.runtime.launch import die_with_parent, setup_logging
+    from radixlm.runtime.builder import make_req
+    from radixlm.runtime.proc import die_with_parent, setup_logging
 
     die_with_parent(parent_pid)
     setup_logging(log_level)
@@ -55,23 +60,16 @@ def run_scheduler_process(config: EngineConfig, addrs: Any, parent_pid: int, log
     to_tm.connect(addrs.tokenizer_in)
     built = build_scheduler(config)  # an exception here exits non-zero: the server reports it and exits
     to_tm.send(encode(ProcessReady("scheduler", os.getpid(), model_info(built, config), dp_rank=dp_rank)))
+    transport = ZmqTransport(recv, to_detok, to_tm)
+    device = built.runner.device
     try:
-        SchedulerLoop(built, recv, to_detok, to_tm, dp_rank).run()
+        SchedulerLoop(built.scheduler, transport, lambda m, p, rid, i: make_req(m, p, rid, i, device),
+                      dp_rank=dp_rank).run()
+        built.scheduler.grammar.close()  # stops the grammar compile workers
+        built.runner.close()  # stops tensor-parallel worker ranks (no-op at tp_size 1)
+        transport.close()
     finally:
         ctx.destroy(linger=0)
-
-
-def model_info(built: BuiltScheduler, config: EngineConfig) -> dict[str, Any]:
-    info = built.runner.info
-    return {"model_path": str(built.model_dir), "device": info.device, "dtype": info.dtype,
-            "num_threads": info.num_threads, "context_length": info.context_len,
-            "vocab_size": info.vocab_size, "max_total_num_tokens": info.max_total_tokens,
-            "architecture": info.architecture, "eos_token_ids": sorted(built.eos_token_ids),
-            "max_running_requests": config.scheduler.max_running_requests,
-            "max_queued_requests": config.scheduler.max_queued_requests,
-            "chunked_prefill_size": config.scheduler.chunked_prefill_size,
-            "schedule_policy": config.scheduler.schedule_policy,
-            "disable_radix_cache": config.cache.disable_radix_cache}
 
 
 def _rejection(msg: GenerateReq, rid: str, message: str, code: str, param: str | None = None) -> TokenOut:
@@ -82,65 +80,60 @@ def _rejection(msg: GenerateReq, rid: str, message: str, code: str, param: str |
 
 
 class SchedulerLoop:
-    def __init__(self, built: BuiltScheduler, recv: zmq.Socket, to_detok: zmq.Socket, to_tm: zmq.Socket,
-                 dp_rank: int = 0):
-        self.built = built
+    def __init__(self, scheduler: Scheduler, transport: Transport, make_req: MakeReq, dp_rank: int = 0,
+                 shutdown_message: str = "shut down"):
+        self.scheduler = scheduler
+        self.transport = transport
+        self.make_req = make_req
         self.dp_rank = dp_rank
-        self.scheduler = built.scheduler
-        self.recv = recv
-        self.to_detok = to_detok
-        self.to_tm = to_tm
-        self.decoder = msgspec.msgpack.Decoder(InboundMsg)
+        self.shutdown_message = shutdown_message  # the finish message of requests still running at shutdown
         self._last_heartbeat = 0.0
         self.status = StatusLog()
 
     def run(self) -> None:
+        """Until a shutdown ControlReq arrives (requests still in flight are then aborted)."""
         while True:
-            timeout = 0 if self.scheduler.has_runnable() else (
-                _GRAMMAR_POLL_MS if self.scheduler.has_work() else _IDLE_POLL_MS)
-            if self.recv.poll(timeout):
-                self._drain_inbox()
+            for msg in self.transport.receive(self._wait_s()):
+                if not self._handle(msg):
+                    self.transport.send_outputs(self.scheduler.abort_all(self.shutdown_message))
+                    return
             if self.scheduler.has_work():
                 self._step()
             self.status.maybe_log(self.scheduler)  # also when idle: work that starts later is measured anew
             self._maybe_heartbeat()
 
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                raw = self.recv.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = self.decoder.decode(raw)
-            except msgspec.DecodeError:
-                logger.error("dropped an undecodable message")
-                continue
-            self._handle(msg)
+    def _wait_s(self) -> float | None:
+        """How long to wait for a message: not at all when a step can run, a few ms when the only work is
+        grammars compiling elsewhere (poll them without spinning), else the transport's idle wait."""
+        if not self.scheduler.has_work():
+            return self.transport.idle_wait_s
+        return 0.0 if self.scheduler.has_runnable() else GRAMMAR_POLL_S
 
-    def _handle(self, msg: InboundMsg) -> None:
+    def _handle(self, msg: InboundMsg | LocalCall) -> bool:
+        """Act on one message; False on shutdown."""
         if isinstance(msg, GenerateReq):
             self._add(msg)
         elif isinstance(msg, AbortReq):
             outs = self.scheduler.abort_all("aborted") if msg.abort_all else self.scheduler.abort(msg.rid)
-            self._send_outputs(outs)
-        elif msg.kind == "shutdown":  # the server is exiting and waits for us
-            self.scheduler.grammar.close()  # stops the grammar compile workers
-            self.built.runner.close()  # stops tensor-parallel worker ranks (no-op at tp_size 1)
-            for sock in (self.recv, self.to_detok, self.to_tm):
-                sock.close(linger=0)  # closed before exit: a ZMQ context's term() waits for its sockets
-            raise SystemExit(0)
+            self.transport.send_outputs(outs)
+        elif isinstance(msg, LocalCall):
+            try:
+                msg.future.set_result(msg.fn())
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller; the loop keeps serving
+                msg.future.set_exception(exc)
+        elif msg.kind == "shutdown":  # the owner is exiting and waits for us
+            return False
         else:
-            self.to_tm.send(encode(self._control(msg)))
+            self.transport.send_control(self._control(msg))
+        return True
 
     def _add(self, msg: GenerateReq) -> None:
-        # The detokenizer must know the request before its first output: same socket, sent first.
-        self.to_detok.send(encode(msg))
+        self.transport.announce(msg)
         rejected = []
         for child, rid in enumerate(msg.child_rids):
             try:
                 params = SamplingParams.from_dict(msg.req.sampling_params)
-                self.scheduler.add_request(make_req(msg.req, params, rid, child, self.built.runner.device))
+                self.scheduler.add_request(self.make_req(msg.req, params, rid, child))
             except OverflowError:
                 rejected.append(_rejection(msg, rid, "the waiting queue is full", "queue_full"))
             except InvalidRequestError as exc:  # e.g. a grammar that does not compile: the client's 400
@@ -148,7 +141,7 @@ class SchedulerLoop:
             except Exception as exc:
                 logger.exception("could not add request %s", rid)
                 rejected.append(_rejection(msg, rid, f"internal error ({type(exc).__name__})", "internal_error"))
-        self._send_outputs(rejected)
+        self.transport.send_outputs(rejected)
 
     def _step(self) -> None:
         try:
@@ -159,25 +152,22 @@ class SchedulerLoop:
             for out in outputs:
                 out.error = {"message": "internal error", "param": None, "code": "internal_error"}
         self.status.on_outputs(outputs)
-        self._send_outputs(outputs)
-
-    def _send_outputs(self, outputs: list[TokenOut]) -> None:
-        if outputs:
-            self.to_detok.send(encode(BatchTokenOut(outputs)))
+        self.transport.send_outputs(outputs)
 
     def _maybe_heartbeat(self) -> None:
+        interval = self.transport.heartbeat_interval_s
         now = time.monotonic()
-        if now - self._last_heartbeat < HEARTBEAT_INTERVAL_S:
+        if interval is None or now - self._last_heartbeat < interval:
             return
         self._last_heartbeat = now
-        kv = self.scheduler.kv
-        self.to_tm.send(encode(Heartbeat(
-            num_forward_steps=self.scheduler.num_forward_steps, num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting), num_free_tokens=kv.allocator.num_free(),
-            num_total_tokens=kv.allocator.size, num_cached_tokens=kv.tree.total_size() if kv.tree else 0,
+        s, kv = self.scheduler, self.scheduler.kv
+        self.transport.send_heartbeat(Heartbeat(
+            num_forward_steps=s.num_forward_steps, num_running=len(s.running), num_waiting=len(s.waiting),
+            num_free_tokens=kv.allocator.num_free(), num_total_tokens=kv.allocator.size,
+            num_cached_tokens=kv.tree.total_size() if kv.tree else 0,
             num_evictable_tokens=kv.tree.evictable_size() if kv.tree else 0,
             num_locked_tokens=kv.tree.protected_size() if kv.tree else 0,
-            grammar_compile_seconds=self.scheduler.grammar.drain_compile_seconds(), dp_rank=self.dp_rank)))
+            grammar_compile_seconds=s.grammar.drain_compile_seconds(), dp_rank=self.dp_rank))
 
     # ---- management -------------------------------------------------------------------------------
     def _control(self, msg: ControlReq) -> ControlResp:
@@ -185,22 +175,13 @@ class SchedulerLoop:
             if msg.kind == "flush_cache":
                 return ControlResp(msg.req_id, self.scheduler.flush_cache())
             if msg.kind == "server_info":
-                return ControlResp(msg.req_id, True, self._server_info())
+                return ControlResp(msg.req_id, True, live_info(self.scheduler))
             if msg.kind == "debug_check":
                 return self._debug_check(msg.req_id)
             return ControlResp(msg.req_id, False, error=f"unknown control request {msg.kind!r}")
         except Exception as exc:
             logger.exception("control request %s failed", msg.kind)
             return ControlResp(msg.req_id, False, error=type(exc).__name__)
-
-    def _server_info(self) -> dict[str, Any]:
-        stats = self.scheduler.stats.to_dict()
-        tree = self.scheduler.kv.tree
-        if tree is not None:
-            stats["cached_tree_tokens"] = tree.total_size()
-        return {"cache_stats": stats, "num_free_tokens": self.scheduler.kv.allocator.num_free(),
-                "num_forward_steps": self.scheduler.num_forward_steps,
-                "num_running_reqs": len(self.scheduler.running), "num_waiting_reqs": len(self.scheduler.waiting)}
 
     def _debug_check(self, req_id: str) -> ControlResp:
         """robustness.md invariants: pool and tree integrity always; idle invariants when idle."""

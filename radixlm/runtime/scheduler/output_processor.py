@@ -13,11 +13,11 @@ from typing import Callable
 import torch
 
 from radixlm.constrained.bitmask import GrammarMask
+from radixlm.runtime.forward import ForwardBatch
 from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop, find_stop_regex
 from radixlm.runtime.messages import TokenOut
-from radixlm.runtime.model import logprobs as lp
-from radixlm.runtime.model.sampler import Sampler, SamplingRow
-from radixlm.runtime.scheduler.batch import ForwardBatch
+from radixlm.runtime.sampling import logprobs as lp
+from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
 from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.request import FinishReason, Req
 

@@ -14,9 +14,10 @@ import logging
 from collections import deque
 
 from radixlm.runtime.config import SchedulerConfig
+from radixlm.runtime.forward import PlannedRow
 from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.model.model_runner import ModelRunner
-from radixlm.runtime.scheduler.batch import PlannedRow, build_forward_batch
+from radixlm.runtime.scheduler.batch import build_forward_batch
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
 from radixlm.runtime.scheduler.grammar import GrammarManager, grammar_spec
 from radixlm.runtime.scheduler.output_processor import OutputProcessor

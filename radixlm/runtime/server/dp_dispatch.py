@@ -2,7 +2,7 @@
 N ranks' answers to one management call become one answer.
 
 Runs in the HTTP process, on the tokenizer manager's event loop (no locks needed). The choice reuses the
-standalone router's Policy (radixlm/router/policy.py) over token ids instead of characters: one
+standalone router's Policy (radixlm/radix_cache/routing.py, shared) over token ids instead of characters: one
 approximate radix tree per rank, filled with the prompts sent there (namespace = tenant), LRU-bounded
 by the rank's KV capacity. Load is the number of child requests in flight per rank, released when the
 request's final output (finish or abort) arrives. Every rank is vital: the watchdog treats any dead or
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from radixlm.router.policy import Policy, RouteKey, RouterConfig, new_tree
+from radixlm.radix_cache.routing import Policy, PolicyConfig, RouteKey, new_tree
 from radixlm.runtime.messages import ControlResp
 
 
@@ -27,7 +27,7 @@ def scheduler_name(rank: int, dp_size: int) -> str:
 class DpDispatcher:
     def __init__(self, dp_size: int, policy: str = "cache_aware", max_tree_tokens: int = 1 << 21):
         self.dp_size = dp_size
-        self.policy = Policy(RouterConfig(tuple(f"dp{r}" for r in range(dp_size)), policy=policy,
+        self.policy = Policy(PolicyConfig(tuple(f"dp{r}" for r in range(dp_size)), policy=policy,
                                           max_tree_chars=max_tree_tokens))
         self.owner: dict[str, int] = {}  # child rid in flight -> its rank
 

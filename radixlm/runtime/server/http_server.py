@@ -1,4 +1,5 @@
-"""The FastAPI app: middleware, error handlers and the SGLang-native routes (wire-protocol.md).
+"""The FastAPI app (middleware, error handlers, the routers of native_api.py, openai_api.py and admin.py)
+and what the routes share: body parsing, waiting for results, the streaming helpers.
 
 Runs in the HTTP process. Request bodies are parsed here (not by FastAPI models) so that every client
 mistake (NaN, invalid UTF-8, wrong top-level type, unknown sampling key) is a 400 in the error
@@ -10,37 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from radixlm.runtime.config import GrammarConfig, ServerConfig
-from radixlm.runtime.server.errors import (SERVER_SIDE_CODES, APIError, error_body, error_response,
-                                           install_error_handlers)
-from radixlm.runtime.server.middleware import AuthMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from radixlm.runtime.messages import StrOut
+from radixlm.runtime.server.context import AppContext
+from radixlm.runtime.server.errors import SERVER_SIDE_CODES, APIError, error_body, install_error_handlers
+from radixlm.runtime.server.middleware import AuthMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from radixlm.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
 
 logger = logging.getLogger("radixlm.server")
 
 _JSON_TYPES = ("application/json", "text/plain", "application/x-www-form-urlencoded")
-_GENERATE_FIELDS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                    "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "rid")
-_VERSION = "0.1.0"
-
-
-@dataclass(frozen=True)
-class AppContext:
-    tm: TokenizerManager
-    config: ServerConfig
-    model_info: dict[str, Any]  # from the scheduler's ready handshake
-    tokenizer_path: str
-    served_model_name: str
-    server_args: dict[str, Any]
-    grammar_config: GrammarConfig = field(default_factory=GrammarConfig)  # strict response_format checks
 
 
 # ---- request parsing ------------------------------------------------------------------------------
@@ -185,121 +168,18 @@ async def native_stream(tm: TokenizerManager, handle: RequestHandle, events: Eve
 
 # ---- the app --------------------------------------------------------------------------------------
 def create_app(ctx: AppContext) -> FastAPI:
-    from radixlm.runtime.server.openai_api import install_openai_routes
+    # The route modules import this one's helpers, so they load here, once the helpers exist.
+    from radixlm.runtime.server.admin import router as admin_router
+    from radixlm.runtime.server.native_api import router as native_router
+    from radixlm.runtime.server.openai_api import router as openai_router
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.ctx = ctx
+    app.state.ctx = ctx  # what each route's `ctx: Ctx` parameter receives (server/context.py)
     install_error_handlers(app)
-    _install_native_routes(app, ctx)
-    install_openai_routes(app, ctx)
-    from radixlm.runtime.server.admin import install_admin_routes
-
-    install_admin_routes(app, ctx)
+    for router in (native_router, openai_router, admin_router):
+        app.include_router(router)
     # Outermost last: request id wraps auth wraps the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=ctx.config.max_body_bytes)
     app.add_middleware(AuthMiddleware, api_keys=ctx.config.api_keys, admin_api_key=ctx.config.admin_api_key)
     app.add_middleware(RequestIdMiddleware)
     return app
-
-
-def _install_native_routes(app: FastAPI, ctx: AppContext) -> None:
-    tm = ctx.tm
-
-    @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        obj = await read_object(request)
-        stream = check_bool(obj, "stream")
-        fields = {k: obj.get(k) for k in _GENERATE_FIELDS}
-        fields["return_text_in_logprobs"] = check_bool(obj, "return_text_in_logprobs")
-        tm.check_admission(1)
-        prepared, is_batch = tm.prepare(request.state.namespace, stream=stream, **fields)
-        handle = tm.submit(prepared, stream, request.state.request_id)
-        if stream:
-            events = await open_stream(request, tm, handle)
-            if events is None:
-                return Response(status_code=499)
-            return StreamingResponse(native_stream(tm, handle, events), media_type="text/event-stream")
-        results = await wait_results(request, tm, handle)
-        if results is None:
-            return Response(status_code=499)
-        raise_for_server_errors(results)
-        return JSONResponse(results if is_batch or len(results) > 1 else results[0])
-
-    @app.get("/health")
-    async def health() -> Response:
-        if tm.state != "ok":
-            return error_response(503, f"server is {tm.state}", None, f"server_{tm.state}")
-        return JSONResponse({})
-
-    @app.get("/health_generate")
-    async def health_generate(request: Request) -> Response:
-        tm.check_admission(tm.dp_size)
-        handles = []  # one probe per scheduler rank (--dp-size): every rank must answer
-        for rank in range(tm.dp_size):
-            prepared, _ = tm.prepare("health", input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
-            handles.append(tm.submit(prepared, False, rank=rank))
-        try:
-            results = await asyncio.wait_for(asyncio.gather(*(tm.wait(h) for h in handles)),
-                                             ctx.config.health_generate_timeout)
-        except asyncio.TimeoutError:
-            for handle in handles:
-                tm.abort(handle)
-            return error_response(503, "the scheduler did not answer in time", None, "timeout")
-        for result in results:
-            raise_for_server_errors(result)
-        return JSONResponse({})
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache(request: Request) -> Response:
-        if not request.state.is_operator:  # the cache is shared: a flush costs every tenant its prefixes
-            raise APIError(403, "flushing the cache needs the admin API key", None, "admin_only")
-        resp = await tm.flush_cache()
-        if not resp.ok:
-            return error_response(400, "cannot flush the cache while requests are running", None, "busy")
-        return JSONResponse({"message": "Cache flushed."})
-
-    @app.post("/abort_request")
-    async def abort_request(request: Request) -> Response:
-        obj = await read_object(request)
-        # A tenant acts on its own requests only; an operator (docs/server.md) on everyone's.
-        scope = None if request.state.is_operator else request.state.namespace
-        if check_bool(obj, "abort_all"):
-            tm.abort_all(scope)
-            return JSONResponse({})
-        rid = obj.get("rid")
-        if not isinstance(rid, str) or not rid:
-            raise APIError(400, "rid must be a non-empty string", "rid", "invalid_type")
-        return JSONResponse({"aborted": tm.abort_rid(rid, scope)})
-
-    @app.post("/concate_and_append_request")
-    async def concate_and_append(request: Request) -> Response:
-        # SGLang's join("concate_and_append") asks the server to splice the forks' KV into dst_rid.
-        # The radix cache makes that unnecessary: the frontend concatenates the texts and the next
-        # request re-matches every cached prefix. We validate the body and acknowledge.
-        obj = await read_object(request)
-        src, dst = obj.get("src_rids"), obj.get("dst_rid")
-        if not isinstance(src, list) or not all(isinstance(r, str) for r in src) or not isinstance(dst, str):
-            raise APIError(400, "src_rids must be a list of strings and dst_rid a string", "src_rids", "invalid_type")
-        return JSONResponse({"success": True})
-
-    @app.get("/get_model_info")
-    @app.get("/model_info")
-    async def model_info() -> Response:
-        return JSONResponse({
-            "model_path": ctx.model_info["model_path"], "tokenizer_path": ctx.tokenizer_path,
-            "is_generation": True, "chat_template": getattr(tm.tokenizer, "chat_template", None),
-            "served_model_name": ctx.served_model_name, "context_length": ctx.model_info["context_length"]})
-
-    @app.get("/get_server_info")
-    @app.get("/server_info")
-    async def server_info() -> Response:
-        resp = await tm.control("scheduler", "server_info")  # --dp-size N: summed, per rank in dp_ranks
-        return JSONResponse({**ctx.server_args, **ctx.model_info, **resp.data, "version": _VERSION,
-                             "num_inflight_requests": len(tm.handles), "state": tm.state,
-                             "dp_routing": tm.dispatch.stats()})
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        if not ctx.config.enable_metrics:
-            raise APIError(404, "metrics are disabled (start the server with --enable-metrics)", None, "not_found")
-        return Response(tm.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (wire-protocol.md).
+"""OpenAI-compatible routes (an APIRouter): /v1/models, /v1/completions, /v1/chat/completions (wire-protocol.md).
 
 Runs in the HTTP process. Each request is translated to a native request (same validation, same
 tokenizer manager, same detokenizer path as /generate) and the native results are reshaped with
@@ -13,18 +13,21 @@ from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixlm.constrained.base import GrammarOptions
 from radixlm.errors import ContextLengthError, InvalidRequestError
 from radixlm.runtime.server import openai_format as fmt
 from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_messages
+from radixlm.runtime.server.context import AppContext, Ctx, off_loop
 from radixlm.runtime.server.errors import APIError
 from radixlm.runtime.server.http_server import (SSE_DONE, Events, check_bool, open_stream,
                                                 raise_for_server_errors, read_object, result_error, sse,
                                                 stream_error, wait_results)
 from radixlm.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
+
+router = APIRouter()
 
 
 @contextmanager
@@ -66,93 +69,96 @@ def _split_prompt(prompt: Any) -> tuple[Any, Any]:
     raise APIError(400, "prompt must be a string, a list of strings, or token ids", "prompt", "invalid_value")
 
 
-def install_openai_routes(app: FastAPI, ctx: Any) -> None:
-    tm: TokenizerManager = ctx.tm
-    served = ctx.served_model_name
+def _model_card(ctx: AppContext) -> dict[str, Any]:
+    return {"id": ctx.served_model_name, "object": "model", "created": int(time.time()), "owned_by": "radixlm",
+            "max_model_len": ctx.model_info["context_length"]}
 
-    def model_card() -> dict[str, Any]:
-        return {"id": served, "object": "model", "created": int(time.time()), "owned_by": "radixlm",
-                "max_model_len": ctx.model_info["context_length"]}
 
-    @app.get("/v1/models")
-    async def list_models() -> Response:
-        return JSONResponse({"object": "list", "data": [model_card()]})
+@router.get("/v1/models")
+async def list_models(ctx: Ctx) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
 
-    @app.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str) -> Response:
-        if model_id != served:
-            raise APIError(404, "the model does not exist", "model", "model_not_found")
-        return JSONResponse(model_card())
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        obj = await read_object(request)
-        _check_model(obj, served)
-        stream, echo, include_usage = check_bool(obj, "stream"), check_bool(obj, "echo"), _include_usage(obj)
-        text, ids = _split_prompt(obj.get("prompt"))
-        tm.check_admission(1)
-        with openai_params():
-            logprobs = None if obj.get("logprobs") is None else fmt.check_logprobs_count(obj["logprobs"], "logprobs")
-            params = fmt.sampling_params(obj, 16 if obj.get("max_tokens") is None else obj["max_tokens"])
-            prepared, _ = tm.prepare(request.state.namespace, text=text, input_ids=ids, sampling_params=params,
-                                     return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0,
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, ctx: Ctx) -> Response:
+    if model_id != ctx.served_model_name:
+        raise APIError(404, "the model does not exist", "model", "model_not_found")
+    return JSONResponse(_model_card(ctx))
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, ctx: Ctx) -> Response:
+    tm, served = ctx.tm, ctx.served_model_name
+    obj = await read_object(request)
+    _check_model(obj, served)
+    stream, echo, include_usage = check_bool(obj, "stream"), check_bool(obj, "echo"), _include_usage(obj)
+    text, ids = _split_prompt(obj.get("prompt"))
+    tm.check_admission(1)
+    with openai_params():
+        logprobs = None if obj.get("logprobs") is None else fmt.check_logprobs_count(obj["logprobs"], "logprobs")
+        params = fmt.sampling_params(obj, 16 if obj.get("max_tokens") is None else obj["max_tokens"])
+        prepared, _ = await off_loop(tm.prepare, request.state.namespace, text=text, input_ids=ids,
+                                     sampling_params=params, return_logprob=logprobs is not None,
+                                     top_logprobs_num=logprobs or 0,
                                      logprob_start_len=0 if echo and logprobs is not None else -1,
                                      return_text_in_logprobs=True, stream=stream)
-        await _check_strict(obj, ctx)
-        n = prepared[0].params.n
-        handle = tm.submit(prepared, stream, request.state.request_id)
-        if stream:
-            events = await open_stream(request, tm, handle)
-            if events is None:
-                return Response(status_code=499)
-            render = _completion_choices(logprobs is not None)
-            return StreamingResponse(_sse_choices(tm, handle, events, "text_completion", served, n, include_usage,
-                                                  [], render), media_type="text/event-stream")
-        results = await wait_results(request, tm, handle)
-        if results is None:
+    await _check_strict(obj, ctx)
+    n = prepared[0].params.n
+    handle = tm.submit(prepared, stream, request.state.request_id)
+    if stream:
+        events = await open_stream(request, tm, handle)
+        if events is None:
             return Response(status_code=499)
-        raise_for_server_errors(results)
-        echo_texts = [_echo_text(tm, p) for p in prepared] if echo else None
-        choices = [fmt.completion_choice(k, r, logprobs is not None, echo_texts[k // n] if echo_texts else None)
-                   for k, r in enumerate(results)]
-        return JSONResponse({**fmt.envelope("text_completion", served, choices), "usage": fmt.usage(results, n)})
+        render = _completion_choices(logprobs is not None)
+        return StreamingResponse(_sse_choices(tm, handle, events, "text_completion", served, n, include_usage,
+                                              [], render), media_type="text/event-stream")
+    results = await wait_results(request, tm, handle)
+    if results is None:
+        return Response(status_code=499)
+    raise_for_server_errors(results)
+    echo_texts = [_echo_text(tm, p) for p in prepared] if echo else None
+    choices = [fmt.completion_choice(k, r, logprobs is not None, echo_texts[k // n] if echo_texts else None)
+               for k, r in enumerate(results)]
+    return JSONResponse({**fmt.envelope("text_completion", served, choices), "usage": fmt.usage(results, n)})
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        obj = await read_object(request)
-        _check_model(obj, served)
-        stream, include_usage = check_bool(obj, "stream"), _include_usage(obj)
-        logprobs = check_bool(obj, "logprobs")
-        tm.check_admission(1)
-        with openai_params():
-            ids = chat_input_ids(tm.tokenizer, normalize_messages(obj.get("messages"), tm.limits.max_prompt_chars),
-                                 obj.get("tools"))
-            top = obj.get("top_logprobs")
-            top = 0 if top is None else fmt.check_logprobs_count(top, "top_logprobs")
-            params = fmt.sampling_params(obj, _chat_max_tokens(obj, len(ids), tm))
-            prepared, _ = tm.prepare(request.state.namespace, input_ids=ids, sampling_params=params,
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, ctx: Ctx) -> Response:
+    tm, served = ctx.tm, ctx.served_model_name
+    obj = await read_object(request)
+    _check_model(obj, served)
+    stream, include_usage = check_bool(obj, "stream"), _include_usage(obj)
+    logprobs = check_bool(obj, "logprobs")
+    tm.check_admission(1)
+    with openai_params():
+        messages = normalize_messages(obj.get("messages"), tm.limits.max_prompt_chars)
+        ids = await off_loop(chat_input_ids, tm.tokenizer, messages, obj.get("tools"))  # chat template + tokenize
+        top = obj.get("top_logprobs")
+        top = 0 if top is None else fmt.check_logprobs_count(top, "top_logprobs")
+        params = fmt.sampling_params(obj, _chat_max_tokens(obj, len(ids), tm))
+        prepared, _ = await off_loop(tm.prepare, request.state.namespace, input_ids=ids, sampling_params=params,
                                      return_logprob=logprobs, top_logprobs_num=top, return_text_in_logprobs=True,
                                      stream=stream)
-        await _check_strict(obj, ctx)
-        n = prepared[0].params.n
-        handle = tm.submit(prepared, stream, request.state.request_id)
-        if stream:
-            events = await open_stream(request, tm, handle)
-            if events is None:
-                return Response(status_code=499)
-            opening = [_chat_choice(i, {"role": "assistant", "content": ""}) for i in range(len(handle.rids))]
-            return StreamingResponse(_sse_choices(tm, handle, events, "chat.completion.chunk", served, n,
-                                                  include_usage, opening, _chat_choices(logprobs)),
-                                     media_type="text/event-stream")
-        results = await wait_results(request, tm, handle)
-        if results is None:
+    await _check_strict(obj, ctx)
+    n = prepared[0].params.n
+    handle = tm.submit(prepared, stream, request.state.request_id)
+    if stream:
+        events = await open_stream(request, tm, handle)
+        if events is None:
             return Response(status_code=499)
-        raise_for_server_errors(results)
-        choices = [fmt.chat_choice(k, r, logprobs) for k, r in enumerate(results)]
-        return JSONResponse({**fmt.envelope("chat.completion", served, choices), "usage": fmt.usage(results, n)})
+        opening = [_chat_choice(i, {"role": "assistant", "content": ""}) for i in range(len(handle.rids))]
+        return StreamingResponse(_sse_choices(tm, handle, events, "chat.completion.chunk", served, n,
+                                              include_usage, opening, _chat_choices(logprobs)),
+                                 media_type="text/event-stream")
+    results = await wait_results(request, tm, handle)
+    if results is None:
+        return Response(status_code=499)
+    raise_for_server_errors(results)
+    choices = [fmt.chat_choice(k, r, logprobs) for k, r in enumerate(results)]
+    return JSONResponse({**fmt.envelope("chat.completion", served, choices), "usage": fmt.usage(results, n)})
 
 
-async def _check_strict(obj: dict[str, Any], ctx: Any) -> None:
+async def _check_strict(obj: dict[str, Any], ctx: AppContext) -> None:
     schema = fmt.strict_schema(obj)
     if schema is None:
         return

@@ -22,7 +22,9 @@ import uvicorn
 
 from radixlm.runtime.config import EngineConfig, ServerConfig
 from radixlm.runtime.generate_input import InputLimits
-from radixlm.runtime.server.http_server import AppContext, create_app
+from radixlm.runtime.proc import IpcAddrs
+from radixlm.runtime.server.context import AppContext
+from radixlm.runtime.server.http_server import create_app
 from radixlm.runtime.server.metrics import ServerMetrics
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
@@ -65,7 +67,7 @@ async def _wait_children_ready(tm: TokenizerManager, procs: dict[str, BaseProces
     return f"start-up did not finish within {timeout:.0f}s"
 
 
-async def serve(engine_config: EngineConfig, server_config: ServerConfig, addrs: Any,
+async def serve(engine_config: EngineConfig, server_config: ServerConfig, addrs: IpcAddrs,
                 procs: dict[str, BaseProcess], tokenizer_path: str) -> int:
     from radixlm.runtime.model.loader import load_tokenizer
 

@@ -23,9 +23,11 @@ import zmq.asyncio
 from radixlm.runtime.generate_input import InputLimits, PreparedReq, prepare_generate
 from radixlm.runtime.messages import (AbortReq, BatchStrOut, ControlReq, ControlResp, GenerateReq, Heartbeat,
                                       ProcessReady, StrOut, encode)
+from radixlm.runtime.proc import IpcAddrs
 from radixlm.runtime.server.dp_dispatch import DpDispatcher, combine, scheduler_name
 from radixlm.runtime.server.errors import APIError
 from radixlm.runtime.server.metrics import ServerMetrics
+from radixlm.runtime.server.stream_assembly import StreamAssembler
 
 logger = logging.getLogger("radixlm.server")
 
@@ -52,7 +54,7 @@ class RequestHandle:
 
 
 class TokenizerManager:
-    def __init__(self, addrs: Any, tokenizer, limits: InputLimits, max_inflight: int, metrics: ServerMetrics,
+    def __init__(self, addrs: IpcAddrs, tokenizer, limits: InputLimits, max_inflight: int, metrics: ServerMetrics,
                  dp_size: int = 1, dp_load_balance: str = "cache_aware"):
         self.addrs = addrs
         self.tokenizer = tokenizer
@@ -60,6 +62,7 @@ class TokenizerManager:
         self.max_inflight = max_inflight  # children in the schedulers (running + queued) we admit
         self.metrics = metrics
         self.handles: dict[str, RequestHandle] = {}  # child rid -> its request
+        self.streams = StreamAssembler()
         self.client_rids: dict[str, list[str]] = {}  # rid as the client named it -> child rids
         self.ready: dict[str, ProcessReady] = {}
         self.state = "starting"  # starting | ok | draining | unhealthy
@@ -156,6 +159,7 @@ class TokenizerManager:
         handle = self.handles.get(out.rid)
         if handle is None:
             return
+        out.payload = self.streams.assemble(out)  # streamed deltas -> the cumulative native shape
         now = time.perf_counter()
         if out.num_new_tokens:
             last = handle.last_token_at.get(out.rid)

@@ -8,34 +8,13 @@ prefix of prefix_lens[r] tokens plus, causally, its own new tokens). Decode is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
+from radixlm.runtime.forward import AttentionMetadata
 from radixlm.runtime.model.layers.cascade import MIN_SHARED_TOKENS, cascade_decode, shared_prefix_len
-
-
-@dataclass
-class AttentionMetadata:
-    req_to_token: torch.Tensor  # int64 [max_requests, max_context]
-    req_pool_indices: torch.Tensor  # int64 [B]
-    seq_lens: torch.Tensor  # int64 [B]  KV length after this step (prefix + new)
-    prefix_lens: torch.Tensor  # int64 [B] tokens already in the pool before this step
-    extend_lens: torch.Tensor  # int64 [B] new tokens this step (decode: 1)
-    extend_start_loc: torch.Tensor  # int64 [B] exclusive cumsum of extend_lens
-    out_cache_loc: torch.Tensor  # int64 [T] slots of the new tokens
-    is_decode: bool  # every request contributes exactly one token
-    sm_scale: float
-    # Host copies, so the torch backend can plan without device syncs.
-    seq_lens_list: list[int]
-    prefix_lens_list: list[int]
-    extend_lens_list: list[int]
-    extend_start_loc_list: list[int]
-    # Backend-private values derived from the fields above, computed by the first layer and reused by
-    # every other layer of the same forward (e.g. the padded slot block of the decode rows).
-    plan_cache: dict = field(default_factory=dict)
 
 
 class KVPoolLike(Protocol):

@@ -16,7 +16,8 @@ import torch
 from radixlm.kernels.decode_attention import decode_attention, default_num_kv_splits
 from radixlm.kernels.extend_attention import extend_attention
 from radixlm.kernels.store_kv import store_kv
-from radixlm.runtime.model.layers.attention import AttentionMetadata, KVPoolLike
+from radixlm.runtime.forward import AttentionMetadata
+from radixlm.runtime.model.layers.attention import KVPoolLike
 
 # SM count assumed off-GPU (interpreter runs); only affects how many splits decode uses
 _CPU_NUM_SMS = 4

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 from radixlm.constrained.bitmask import (GrammarMask, apply_grammar_mask, greedy_under_grammar, select_allowed_lists,
                                          without_rows)
-from radixlm.runtime.model.logprobs import token_logprobs
-from radixlm.runtime.model.penalties import apply_processors
+from radixlm.runtime.sampling.logprobs import token_logprobs
+from radixlm.runtime.sampling.penalties import apply_processors
 from radixlm.sampling_params import SamplingParams
 
 

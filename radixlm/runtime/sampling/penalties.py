@@ -5,7 +5,7 @@ processor) and runs, in this order, logit_bias -> repetition penalty -> frequenc
 min_new_tokens blocking -> grammar allowed-mask. Each processor edits `logits` [B, W] in place, touching
 only the batch rows listed in `row_ids`, in one batched torch call (no per-row loop over the vocabulary).
 
-Index and value tensors are built on the host and reach the device through model/host_copy.py (no
+Index and value tensors are built on the host and reach the device through runtime/forward.py (no
 host sync on CUDA); counting tokens (torch.unique) also runs on the host, where the ids already are.
 
 Semantics:
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.runtime.model.host_copy import to_device
+from radixlm.runtime.forward import to_device
 
 if TYPE_CHECKING:  # sampler.py imports this module; the row type is only needed for hints
-    from radixlm.runtime.model.sampler import SamplingRow
+    from radixlm.runtime.sampling.sampler import SamplingRow
 
 _NEG_INF = float("-inf")
 

@@ -1,0 +1,139 @@
+"""The SGLang-native routes (docs/wire-protocol.md): /generate, health, cache and abort, model and server info, metrics.
+
+Runs in the HTTP process. Bodies are parsed by http_server.py's helpers; validation and tokenization are
+runtime/generate_input.py's (shared with the Engine), run off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from radixlm.runtime.server.context import Ctx, off_loop
+from radixlm.runtime.server.errors import APIError, error_response
+from radixlm.runtime.server.http_server import (check_bool, native_stream, open_stream, raise_for_server_errors,
+                                                read_object, wait_results)
+
+router = APIRouter()
+VERSION = "0.1.0"
+_GENERATE_FIELDS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
+                    "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "rid")
+
+
+@router.post("/generate")
+async def generate(request: Request, ctx: Ctx) -> Response:
+    tm = ctx.tm
+    obj = await read_object(request)
+    stream = check_bool(obj, "stream")
+    fields = {k: obj.get(k) for k in _GENERATE_FIELDS}
+    fields["return_text_in_logprobs"] = check_bool(obj, "return_text_in_logprobs")
+    tm.check_admission(1)
+    prepared, is_batch = await off_loop(tm.prepare, request.state.namespace, stream=stream, **fields)
+    handle = tm.submit(prepared, stream, request.state.request_id)
+    if stream:
+        events = await open_stream(request, tm, handle)
+        if events is None:
+            return Response(status_code=499)
+        return StreamingResponse(native_stream(tm, handle, events), media_type="text/event-stream")
+    results = await wait_results(request, tm, handle)
+    if results is None:
+        return Response(status_code=499)
+    raise_for_server_errors(results)
+    return JSONResponse(results if is_batch or len(results) > 1 else results[0])
+
+
+@router.get("/health")
+async def health(ctx: Ctx) -> Response:
+    tm = ctx.tm
+    if tm.state != "ok":
+        return error_response(503, f"server is {tm.state}", None, f"server_{tm.state}")
+    return JSONResponse({})
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request, ctx: Ctx) -> Response:
+    tm = ctx.tm
+    tm.check_admission(tm.dp_size)
+    handles = []  # one probe per scheduler rank (--dp-size): every rank must answer
+    for rank in range(tm.dp_size):
+        prepared, _ = tm.prepare("health", input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
+        handles.append(tm.submit(prepared, False, rank=rank))
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(tm.wait(h) for h in handles)),
+                                         ctx.config.health_generate_timeout)
+    except asyncio.TimeoutError:
+        for handle in handles:
+            tm.abort(handle)
+        return error_response(503, "the scheduler did not answer in time", None, "timeout")
+    for result in results:
+        raise_for_server_errors(result)
+    return JSONResponse({})
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request, ctx: Ctx) -> Response:
+    tm = ctx.tm
+    if not request.state.is_operator:  # the cache is shared: a flush costs every tenant its prefixes
+        raise APIError(403, "flushing the cache needs the admin API key", None, "admin_only")
+    resp = await tm.flush_cache()
+    if not resp.ok:
+        return error_response(400, "cannot flush the cache while requests are running", None, "busy")
+    return JSONResponse({"message": "Cache flushed."})
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request, ctx: Ctx) -> Response:
+    tm = ctx.tm
+    obj = await read_object(request)
+    # A tenant acts on its own requests only; an operator (docs/server.md) on everyone's.
+    scope = None if request.state.is_operator else request.state.namespace
+    if check_bool(obj, "abort_all"):
+        tm.abort_all(scope)
+        return JSONResponse({})
+    rid = obj.get("rid")
+    if not isinstance(rid, str) or not rid:
+        raise APIError(400, "rid must be a non-empty string", "rid", "invalid_type")
+    return JSONResponse({"aborted": tm.abort_rid(rid, scope)})
+
+
+@router.post("/concate_and_append_request")
+async def concate_and_append(request: Request) -> Response:
+    # SGLang's join("concate_and_append") asks the server to splice the forks' KV into dst_rid.
+    # The radix cache makes that unnecessary: the frontend concatenates the texts and the next
+    # request re-matches every cached prefix. We validate the body and acknowledge.
+    obj = await read_object(request)
+    src, dst = obj.get("src_rids"), obj.get("dst_rid")
+    if not isinstance(src, list) or not all(isinstance(r, str) for r in src) or not isinstance(dst, str):
+        raise APIError(400, "src_rids must be a list of strings and dst_rid a string", "src_rids", "invalid_type")
+    return JSONResponse({"success": True})
+
+
+@router.get("/get_model_info")
+@router.get("/model_info")
+async def model_info(ctx: Ctx) -> Response:
+    tm = ctx.tm
+    return JSONResponse({
+        "model_path": ctx.model_info["model_path"], "tokenizer_path": ctx.tokenizer_path,
+        "is_generation": True, "chat_template": getattr(tm.tokenizer, "chat_template", None),
+        "served_model_name": ctx.served_model_name, "context_length": ctx.model_info["context_length"]})
+
+
+@router.get("/get_server_info")
+@router.get("/server_info")
+async def server_info(ctx: Ctx) -> Response:
+    tm = ctx.tm
+    resp = await tm.control("scheduler", "server_info")  # --dp-size N: summed, per rank in dp_ranks
+    return JSONResponse({**ctx.server_args, **ctx.model_info, **resp.data, "version": VERSION,
+                         "num_inflight_requests": len(tm.handles), "state": tm.state,
+                         "dp_routing": tm.dispatch.stats()})
+
+
+@router.get("/metrics")
+async def metrics(ctx: Ctx) -> Response:
+    tm = ctx.tm
+    if not ctx.config.enable_metrics:
+        raise APIError(404, "metrics are disabled (start the server with --enable-metrics)", None, "not_found")
+    return Response(tm.metrics.render(), media_type=CONTENT_TYPE_LATEST)
