@@ -135,6 +135,17 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp-load-balance", "--load-balance-method", dest="dp_load_balance",
                    default=ServerConfig.dp_load_balance, choices=["cache_aware", "round_robin"],
                    help="how --dp-size picks a scheduler for each request")
+    _agent_args(p)
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    from radixlm.runtime.server.reasoning import PARSERS as REASONING_PARSERS
+    from radixlm.runtime.server.tools.parsers.registry import CHOICES as TOOL_PARSERS
+
+    p.add_argument("--tool-call-parser", default=ServerConfig.tool_call_parser, choices=list(TOOL_PARSERS),
+                   help="tool-call syntax of /v1 tool calling (auto: from the chat template)")
+    p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="split <think>...</think> into message.reasoning_content")
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -143,7 +154,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         served_model_name=args.served_model_name, enable_metrics=args.enable_metrics, log_level=args.log_level,
         max_body_bytes=args.max_body_bytes,
         max_prompt_chars=args.max_prompt_chars, watchdog_timeout=args.watchdog_timeout,
-        drain_timeout=args.drain_timeout, dp_size=args.dp_size, dp_load_balance=args.dp_load_balance)
+        drain_timeout=args.drain_timeout, dp_size=args.dp_size, dp_load_balance=args.dp_load_balance,
+        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

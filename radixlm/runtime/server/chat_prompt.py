@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from radixlm.errors import ContextLengthError, InvalidRequestError
+from radixlm.runtime.server.tools.messages import tool_fields
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _PLACEHOLDER = "\ue000radixlm{}\ue001"  # private-use characters: no template or user text contains them
@@ -33,7 +34,7 @@ def normalize_messages(messages: Any, max_chars: int = 1 << 20) -> list[dict[str
         if role not in ROLES:
             raise InvalidRequestError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
                                       param="messages")
-        out.append({"role": role, "content": _content(msg.get("content"), i, role)})
+        out.append({"role": role, "content": _content(msg.get("content"), i, role), **tool_fields(msg, i)})
     if sum(len(m["content"]) for m in out) > max_chars:
         raise ContextLengthError("the messages are too long", param="messages")
     return out
