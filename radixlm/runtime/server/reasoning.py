@@ -9,6 +9,7 @@ after the block: wrap_grammar lets the thought run free up to `</think>` (a lazy
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -32,11 +33,14 @@ class ReasoningParser:
         return None, text
 
     def wrap_grammar(self, lark: str) -> str:
-        """The grammar with a free thought block before it (optional for qwen3, required for deepseek-r1)."""
+        """The grammar with a free thought block before it (optional for qwen3, required for deepseek-r1,
+        whose prompt opened it)."""
         lines = lark.splitlines()
         k = next(i for i, line in enumerate(lines) if line.startswith("start:"))
         lines[k] = "answer:" + lines[k][len("start:"):]
-        start = "start: thought THOUGHT_WS answer" + ("" if self.starts_inside else " | answer")
+        # qwen3: a thought must open with <think>, so text that does not is the constrained answer itself.
+        opened = "thought" if self.starts_inside else f"{json.dumps(self.start)} thought"
+        start = f"start: {opened} THOUGHT_WS answer" + ("" if self.starts_inside else " | answer")
         lines += [start, f'thought[lazy]: THOUGHT "{self.end}"', r"THOUGHT: /(.|\n)*/", r"THOUGHT_WS: /[ \n]*/"]
         return "\n".join(lines) + "\n"
 

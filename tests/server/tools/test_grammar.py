@@ -117,3 +117,11 @@ def test_grammar_after_reasoning(llg_backend, byte_tokenizer, name):
         assert thought == "hmm, {not json"
         _check_calls(hermes.parse(content))
         assert len(hermes.parse(content)) == 1
+
+
+def test_qwen3_thought_must_open_with_think(llg_backend, byte_tokenizer):
+    grammar = PARSERS["qwen3"].wrap_grammar(_grammar("required", parallel=False))
+    matcher = llg_backend.compile("ebnf", grammar).matcher()
+    assert not matcher.accept_token(byte_tokenizer("H", add_special_tokens=False).input_ids[0])
+    text, finished = _walk(llg_backend, byte_tokenizer, grammar, 0, prefix="<tool_call>")
+    assert finished and len(hermes.parse(text)) == 1

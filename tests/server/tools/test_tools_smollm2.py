@@ -11,6 +11,7 @@ import jsonschema
 import openai
 import pytest
 
+from radixlm.runtime.server.tools.parsers.base import decode_at
 from tests.server.conftest import TENANT_KEYS, ServerProcess
 from tests.server.tools.conftest import SCHEMAS, TOOLS
 
@@ -188,3 +189,31 @@ def test_langchain_bind_tools_round_trip(tool_server):
     messages += [ai, ToolMessage(_run_tool("calculator", args), tool_call_id=ai.tool_calls[0]["id"])]
     final = llm.bind_tools(TOOLS, tool_choice="none").invoke(messages)
     assert final.content and not final.tool_calls
+
+
+def test_native_structural_tag(tool_server):
+    """/generate with SGLang's structural_tag: after every trigger (here each newline) comes a JSON object
+    that validates, the text between is free."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                               "country": {"type": "string", "maxLength": 16}},
+              "required": ["city", "country"], "additionalProperties": False}
+    tag = {"type": "structural_tag", "triggers": ["\n"], "structures": [{"begin": "\n", "schema": schema, "end": ""}]}
+    params = {"max_new_tokens": 64, "temperature": 0.8, "n": 4, "sampling_seed": 5, "structural_tag": tag}
+    with tool_server.client(timeout=300) as client:
+        res = client.post("/generate", json={"text": "Three cities and their countries, one per line:",
+                                             "sampling_params": params})
+    assert res.status_code == 200, res.text
+    segments = 0
+    for out in res.json():
+        text = out["text"]
+        for k in [i for i, ch in enumerate(text) if ch == "\n"]:
+            got = decode_at(text, k + 1)
+            if got is None:  # only the last segment may be cut by max_new_tokens
+                assert out["meta_info"]["finish_reason"]["type"] == "length" and "\n" not in text[k + 1:]
+                continue
+            jsonschema.validate(got[0], schema)
+            segments += 1
+    assert segments >= 1
+    with tool_server.client() as client:
+        bad = client.post("/generate", json={"text": "x", "sampling_params": {"structural_tag": {"type": "x"}}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "structural_tag"
