@@ -213,7 +213,7 @@ def main() -> None:
         (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     from scripts.schema_instances import write_instances
 
-    write_instances(OUT, args.per_schema)
+    write_instances(OUT, args.per_schema, cache=args.cache / "instances.partial.jsonl")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ made up for it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import sys
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ class _Timeout(BaseException):  # not an Exception: hypothesis must not catch it
 
 
 def _alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+    signal.alarm(1)  # raised inside a gc callback the exception is swallowed: then it fires again
     raise _Timeout()
 
 
@@ -52,12 +54,12 @@ def _draw(schema: dict, count: int) -> list[Any]:
 
 
 def _valid(schema: dict, value: Any) -> bool:
-    import jsonschema
+    """The check the tests make (benchmarks/schema_corpus.py): the schema's draft, formats, ECMA patterns."""
+    from benchmarks.schema_corpus import validator_for
 
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
     try:
-        return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(value)
-    except Exception:  # noqa: BLE001 - a pattern Python's re refuses: the instance cannot be checked
+        return validator_for(schema, formats=True).is_valid(value)
+    except Exception:  # noqa: BLE001 - a keyword the validator cannot evaluate: the instance is not proven
         return False
 
 
@@ -83,15 +85,32 @@ def instances_for(job: tuple[str, str, int]) -> tuple[str, list[Any] | None, str
     return name, good, ""
 
 
-def write_instances(out: Path, count: int, workers: int = 2) -> None:
+def write_instances(out: Path, count: int, workers: int = 2, cache: Path | None = None) -> None:
+    """instances.json for the corpus in `out`; results so far are kept in `cache` (a JSON-lines file keyed
+    by file name and content hash), so an interrupted run resumes where it stopped."""
     manifest = json.loads((out / "manifest.json").read_text())
-    jobs = [(name, str(out / name), count) for name in sorted(manifest["schemas"])]
-    result: dict[str, Any] = {"instances": {}, "not_generated": {}}
-    with ProcessPoolExecutor(workers) as pool:
-        for name, values, why in pool.map(instances_for, jobs):
-            if values is None:
-                result["not_generated"][name] = why
-            else:
-                result["instances"][name] = values
+    done: dict[str, dict] = {}
+    if cache is not None and cache.exists():
+        for line in cache.read_text().splitlines():
+            row = json.loads(line)
+            done[row["key"]] = row
+    keys = {name: f"{name}:{count}:{hashlib.sha256((out / name).read_bytes()).hexdigest()[:16]}"
+            for name in sorted(manifest["schemas"])}
+    jobs = [(name, str(out / name), count) for name in keys if keys[name] not in done]
+    with ProcessPoolExecutor(workers) as pool, open(cache or "/dev/null", "a") as log:
+        futures = [pool.submit(instances_for, job) for job in jobs]
+        for fut in as_completed(futures):
+            name, values, why = fut.result()
+            row = {"key": keys[name], "values": values, "why": why}
+            done[row["key"]] = row
+            log.write(json.dumps(row, ensure_ascii=False) + "\n")
+            log.flush()
             print(f"{name}: {len(values) if values else why}", file=sys.stderr)
+    result: dict[str, Any] = {"instances": {}, "not_generated": {}}
+    for name, key in keys.items():
+        row = done[key]
+        if row["values"] is None:
+            result["not_generated"][name] = row["why"]
+        else:
+            result["instances"][name] = row["values"]
     (out / "instances.json").write_text(json.dumps(result, indent=1, sort_keys=True, ensure_ascii=False) + "\n")

@@ -25,6 +25,7 @@ _CLASS_ESCAPES = {"d": "0-9", "w": "A-Za-z0-9_", "s": r" \t\n\r\f\v\u00a0\u2028\
 _CONTROL = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\x00"}
 _META = set(r"\.+*?()|[]{}^$#&-~")
 _QUANT = re.compile(r"\{\d+(?:,\d*)?\}")
+MAX_REPEAT = 64  # larger counted repetitions become open-ended
 
 
 @dataclass
@@ -144,6 +145,16 @@ def _group_end(pattern: str, i: int) -> int:
     return len(pattern)
 
 
+def _quantifier(text: str, out: _Out) -> str:
+    """`{n,m}` with a large bound grows every automaton by that many copies: widen it (looser)."""
+    lo, _, hi = text[1:-1].partition(",")
+    big = int(lo) > MAX_REPEAT or (hi != "" and int(hi) > MAX_REPEAT)
+    if not big:
+        return text
+    out.dropped.append(f"repetition {text} widened")
+    return f"{{{min(int(lo), MAX_REPEAT)},}}"
+
+
 def _any_char(out: _Out) -> str:
     if out.json_string:
         return r'(?:[^"\\\x00-\x1f\u2028\u2029]|\\["\\/bft])'
@@ -194,7 +205,7 @@ def _translate(pattern: str, out: _Out) -> str:
             i += 1
         elif ch == "{":
             m = _QUANT.match(pattern, i)
-            res.append(m.group() if m else "\\{")
+            res.append(_quantifier(m.group(), out) if m else "\\{")
             i = m.end() if m else i + 1
         elif ch == "}":
             res.append("\\}")
@@ -241,8 +252,10 @@ def _ends_with_anchor(branch: str) -> bool:
     return (len(head) - len(head.rstrip("\\"))) % 2 == 0  # `\$` is a literal dollar
 
 
-def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = True) -> tuple[str, tuple[str, ...]]:
-    """(full-match regex, what was widened) for an ECMA-262 search pattern."""
+def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = True,
+                      search: bool = False) -> tuple[str, tuple[str, ...]]:
+    """(regex, what was widened) for an ECMA-262 search pattern: a full-match regex, or with
+    `search` (llguidance applies patterns as JSON Schema does) one that keeps the pattern's anchors."""
     out = _Out(json_string, unicode_classes)
     free = FREE_JSON_CHARS if json_string else r"[\s\S]*"
     branches = []
@@ -251,6 +264,9 @@ def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = T
         tail = _ends_with_anchor(branch)
         core = branch[1 if head else 0:len(branch) - 1 if tail else len(branch)]
         body = _translate(core, out)
+        if search:
+            branches.append(("^" if head else "") + f"(?:{body})" + ("$" if tail else ""))
+            continue
         branches.append(("" if head else free) + f"(?:{body})" + ("" if tail else free))
     regex = branches[0] if len(branches) == 1 else "|".join(f"(?:{b})" for b in branches)
     return regex, tuple(dict.fromkeys(out.dropped))

@@ -15,7 +15,7 @@ from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 
 PARAM = "json_schema"
-_DRAFTS = ("Draft202012Validator", "Draft201909Validator", "Draft7Validator", "Draft6Validator", "Draft4Validator")
+_DRAFTS = ("Draft7Validator", "Draft6Validator", "Draft4Validator", "Draft201909Validator", "Draft202012Validator")
 
 
 def _err(message: str, code: str = INVALID_GRAMMAR) -> GrammarError:
@@ -61,20 +61,21 @@ def load_schema(spec: str, options: GrammarOptions) -> dict[str, Any]:
 
 
 def _check_meta_schema(schema: dict[str, Any]) -> None:
-    """Valid against its own draft's meta-schema, or else any draft's: real schemas mix drafts (a
-    draft-4 boolean exclusiveMinimum under no $schema, a draft-4 `id`). Unknown keywords are fine."""
+    """Valid against the meta-schema of any draft: real schemas mix drafts (a draft-4 boolean
+    exclusiveMinimum under no $schema, a draft-4 `id`); unknown keywords are fine. Drafts 4-7 are tried
+    first: jsonschema checks them in well under a millisecond where 2020-12 ($dynamicRef) takes seconds
+    on a 60 KB schema, and the lowering tolerates keywords of a later draft with a wrong shape."""
     import jsonschema
 
-    declared = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    error = jsonschema.exceptions.best_match(declared(declared.META_SCHEMA).iter_errors(schema))
-    if error is None:
-        return
     for name in _DRAFTS:
         cls = getattr(jsonschema, name)
-        if cls is not declared and cls(cls.META_SCHEMA).is_valid(schema):
+        if cls(cls.META_SCHEMA).is_valid(schema):
             return
-    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    raise _err(f"not a valid JSON schema: {_short(error.message)} (at {_short(where)})") from None
+    declared = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = jsonschema.exceptions.best_match(declared(declared.META_SCHEMA).iter_errors(schema))
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)" if error else "(root)"
+    message = error.message if error else "invalid"
+    raise _err(f"not a valid JSON schema: {_short(message)} (at {_short(where)})") from None
 
 
 def schema_to_regex(spec: str, options: GrammarOptions) -> str:

@@ -44,6 +44,13 @@ def ids_of_words(words: np.ndarray, nz: np.ndarray | None = None) -> np.ndarray:
     return nz[rows] * 32 + _BIT_OFFSETS[cols]
 
 
+def _popcount(words: np.ndarray) -> int:
+    """Set bits in int32 words (np.bitwise_count needs numpy 2; pyproject allows 1.26)."""
+    if hasattr(np, "bitwise_count"):
+        return int(np.bitwise_count(words.view(np.uint32)).sum())
+    return int(np.unpackbits(words.view(np.uint8)).sum())
+
+
 class LLGuidanceMatcher(GrammarMatcher):
     """An LLMatcher plus what it does not track: EOS (llguidance keeps no history entry for it) and a
     count of accepted tokens (rollback past the start is refused before reaching llguidance)."""
@@ -58,6 +65,8 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._words = np.zeros(num_words(vocab_size), dtype=np.int32)  # this step's mask, see _fill
         self._words_t = torch.from_numpy(self._words)
         self._filled_at = -1  # _version when _words was last filled (-1: never)
+        self._plan: CpuMask | None = None
+        self._plan_at = -1  # _version of _plan
         self._version = 0
 
     def _fill(self) -> np.ndarray:
@@ -98,11 +107,16 @@ class LLGuidanceMatcher(GrammarMatcher):
         # The id list only when it is short: counting first keeps a 49k-wide string state at a few us
         # (extracting every id of such a state cost ~1 ms). Other states go through fill_bitmask, which
         # copies the words computed here.
+        if self._plan_at == self._version:  # (MaskBuilder may ask twice in one step)
+            return self._plan
         words = self._fill()
         nz = np.flatnonzero(words)
-        if nz.size > MAX_LIST_IDS or int(np.bitwise_count(words[nz].view(np.uint32)).sum()) > MAX_LIST_IDS:
-            return None
-        return allowed_list(torch.from_numpy(ids_of_words(words, nz)))
+        if nz.size > MAX_LIST_IDS or _popcount(words[nz]) > MAX_LIST_IDS:
+            plan = None
+        else:
+            plan = allowed_list(torch.from_numpy(ids_of_words(words, nz)))
+        self._plan, self._plan_at = plan, self._version
+        return plan
 
     def accept_token(self, token_id: int) -> bool:
         if self._eos or not 0 <= token_id < self._vocab_size:
@@ -198,4 +212,8 @@ class LLGuidanceBackend(GrammarBackend):
         template = llg.LLMatcher(self.tokenizer, data.decode("utf-8"), log_level=0, limits=parser_limits())
         if template.is_error():  # checked in the worker already; only a different llguidance could differ
             raise GrammarError("grammar", INVALID_GRAMMAR, "grammar could not be compiled")
+        # The first mask builds the lexer's start states (ms on a large schema; copies share the lexer's
+        # state cache): pay it here, in the dispatcher thread, not in the first decode step.
+        words = np.zeros(num_words(self.vocab_size), dtype=np.int32)
+        template.deep_copy().unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         return LLGuidanceGrammar(template, self.eos_token_id, self.vocab_size, self.options)

@@ -40,14 +40,15 @@ def json_options(options: GrammarOptions) -> dict[str, Any]:
 
 
 def external_ref(node: Any) -> str | None:
-    """The first $ref that does not point into the document itself (nothing is ever fetched)."""
+    """The first $ref that does not point into the document itself (nothing is ever fetched). Only a
+    string is a reference: `"$ref": {...}` is a property named $ref (its value a schema)."""
     stack = [node]
     while stack:
         cur = stack.pop()
         if isinstance(cur, dict):
             ref = cur.get("$ref")
-            if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
-                return str(ref)
+            if isinstance(ref, str) and not ref.startswith("#"):
+                return ref
             stack.extend(cur.values())
         elif isinstance(cur, list):
             stack.extend(cur)

@@ -21,6 +21,7 @@ _STR = ("minLength", "maxLength", "pattern", "format")
 _NUM = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _BY_TYPE = {"object": _OBJ, "array": _ARR, "string": _STR, "number": _NUM, "integer": _NUM,
             "boolean": (), "null": ()}
+MAX_BOUND = 10**15  # a bound past it only makes the outlines regex long
 _ORDER = ("null", "boolean", "integer", "number", "string", "array", "object")
 
 # What each library enforces exactly (measured by tests/constrained/test_keyword_cases.py).
@@ -147,12 +148,23 @@ class _Emitter:
         if "patternProperties" in out:
             out["patternProperties"] = {self._key_pattern(p, path): self.emit(s, f"{path}/patternProperties")
                                         for p, s in out["patternProperties"].items()}
+            if self.target == "llguidance" and len(out["patternProperties"]) > 1:
+                # llguidance wants disjoint key patterns: any key may take any of the value schemas.
+                self.notes.append(f"patternProperties at {path} (overlapping key patterns)")
+                values = list(out.pop("patternProperties").values())
+                if "additionalProperties" in out:
+                    values.append(out["additionalProperties"] or {})
+                out["additionalProperties"] = any_of(values)
         if "propertyNames" in out:  # names are strings whatever the subschema says
             names = out["propertyNames"]
             names = {**names, "type": ["string"]} if names and "type" not in names and "anyOf" not in names else names
             out["propertyNames"] = self.emit(names, f"{path}/propertyNames")
         if self.target == "outlines":
             return self._outlines_object(out, path)
+        if self.target == "xgrammar" and "properties" in out:  # strict: only the listed ones exist
+            for key in [k for k in ("minProperties", "maxProperties") if k in out]:
+                self.notes.append(f"{key} at {path}")
+                del out[key]
         return self._drop_inexact(out, path)
 
     def _outlines_object(self, out: dict[str, Any], path: str) -> dict[str, Any]:
@@ -170,7 +182,8 @@ class _Emitter:
         return out
 
     def _key_pattern(self, pattern: str, path: str) -> str:
-        regex, dropped = translate_pattern(pattern, self.target == "outlines", self.target != "xgrammar")
+        regex, dropped = translate_pattern(pattern, self.target == "outlines", self.target != "xgrammar",
+                                           self.target == "llguidance")
         self.notes.extend(f"patternProperties at {path}: {d}" for d in dropped)
         return regex
 
@@ -187,6 +200,8 @@ class _Emitter:
                 out["items"] = False
         elif items:
             out["items"] = items
+        elif self.target == "xgrammar":
+            out["items"] = True  # its strict mode reads a missing `items` as false
         if prefix:
             out["prefixItems"] = prefix
         if out.get("minItems", 0) > out.get("maxItems", math.inf):
@@ -207,7 +222,7 @@ class _Emitter:
                 out.pop("pattern")
             else:
                 regex, dropped = translate_pattern(out["pattern"], self.target == "outlines",
-                                                   self.target != "xgrammar")
+                                                   self.target != "xgrammar", self.target == "llguidance")
                 self.notes.extend(f"pattern at {path}: {d}" for d in dropped)
                 out["pattern"] = regex
         if self.target == "outlines":  # one regex per string: pattern, else format, else lengths
@@ -225,6 +240,10 @@ class _Emitter:
                 if key in out and not float(out[key]).is_integer():
                     self.notes.append(f"non-integer {key} at {path} (widened to an integer)")
                     out[key.replace("exclusiveM", "m")] = rounding(out.pop(key))
+        for key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+            if self.target == "outlines" and key in out and abs(out[key]) > MAX_BOUND:
+                self.notes.append(f"{key} beyond ±{MAX_BOUND} at {path} (dropped)")
+                del out[key]
         if out.get("multipleOf") in (1, 1.0) and out["type"] == "integer":
             del out["multipleOf"]
         return self._drop_inexact(out, path)

@@ -75,7 +75,8 @@ def _legacy(node: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Lowerer:
-    def __init__(self, root: dict[str, Any], target: str):
+    def __init__(self, root: dict[str, Any], target: str, unroll: int = UNROLL_DEPTH):
+        self.unroll = unroll
         self.index = RefIndex(root)
         self.target = target
         self.notes: list[str] = []
@@ -189,11 +190,11 @@ class _Lowerer:
             return self._def_ref(key, target, target_base)
         if key in self.cache:
             return self.cache[key]
-        if self.stack.count(key) >= UNROLL_DEPTH:
+        if self.stack.count(key) >= self.unroll:
             self.cutoffs += 1
-            self.notes.append(f"recursive $ref '{ref}' unrolled to depth {UNROLL_DEPTH} (deeper values are "
-                              "not generated; the xgrammar and llguidance backends recurse)")
-            return dict(NEVER)
+            self.notes.append(f"recursive $ref '{ref}' unrolled to depth {self.unroll} (below it any value "
+                              "is allowed; the xgrammar and llguidance backends recurse)")
+            return {}
         before = self.cutoffs
         self.stack.append(key)
         try:
@@ -233,8 +234,18 @@ def lower_schema(spec: str, options: GrammarOptions, target: str) -> LoweredSche
     if target not in TARGETS:
         raise ValueError(f"unknown lowering target {target!r}; known: {TARGETS}")
     root = load_schema(spec, options)
-    lowerer = _Lowerer(root, target)
-    lowered = lowerer.lower(root, "#", "")
+    for unroll in (UNROLL_DEPTH, 1) if target == "outlines" else (UNROLL_DEPTH,):
+        lowerer = _Lowerer(root, target, unroll)
+        try:
+            lowered = lowerer.lower(root, "#", "")
+            break
+        except GrammarError as e:  # a widely recursive schema: expand each $ref once only
+            if e.code != GRAMMAR_TOO_LARGE or unroll == 1 or not lowerer.cutoffs:
+                raise
+        except (TypeError, AttributeError, KeyError, ValueError, RecursionError) as e:
+            # The meta-schema check is lenient (any draft), so a keyword of a later draft may have
+            # a shape the lowering does not expect: a 400 naming it, never a 500.
+            raise _err(f"malformed schema ({type(e).__name__}: {str(e)[:120]})") from None
     schema, notes = emit(lowered, lowerer.defs, target)
     if is_never(schema):
         raise _err("schema admits no value" + (f" ({lowerer.conflict})" if lowerer.conflict else ""))

@@ -42,7 +42,10 @@ def any_of(branches: list[dict[str, Any]]) -> dict[str, Any]:
             flat.append(b)
     if any(b == {} for b in flat):
         return {}
-    unique = list({json.dumps(b, sort_keys=True): b for b in flat}.values())
+    unique: list[dict[str, Any]] = []
+    for b in flat:  # `in` compares dicts (sizes, then keys first): cheap, unlike serializing them
+        if b not in unique:
+            unique.append(b)
     if not unique:
         return dict(NEVER)
     return unique[0] if len(unique) == 1 else {"anyOf": unique}

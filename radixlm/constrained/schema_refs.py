@@ -82,16 +82,31 @@ class RefIndex:
             if target is None:
                 raise _err(f"$ref '{_short(ref)}' at {path} does not resolve")
             return f"{url}#{fragment}", target
-        target = doc
-        for part in fragment.split("/")[1:]:
-            part = unquote(part).replace("~1", "/").replace("~0", "~")
-            if isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            elif isinstance(target, dict) and part in target:
-                target = target[part]
-            else:
-                raise _err(f"$ref '{_short(ref)}' at {path} does not resolve")
+        target = _pointer(doc, fragment)
+        if target is None and doc is not self.root:
+            # Bundled schemas often keep each definition's `id` but point from inside it at the root's
+            # definitions: resolve against the document as a whole before giving up.
+            url, target = self._root_url(), _pointer(self.root, fragment)
+        if target is None:
+            raise _err(f"$ref '{_short(ref)}' at {path} does not resolve")
         return f"{url}#{fragment}", target
+
+    def _root_url(self) -> str:
+        return next((u for u, node in self.resources.items() if node is self.root), "")
+
+
+def _pointer(doc: Any, fragment: str) -> Any:
+    """The node at a JSON pointer (percent-decoded, `~1` / `~0` unescaped), or None."""
+    target = doc
+    for part in fragment.split("/")[1:]:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        elif isinstance(target, dict) and part in target:
+            target = target[part]
+        else:
+            return None
+    return target
 
 
 def _short(text: str, limit: int = 120) -> str:
