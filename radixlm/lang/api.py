@@ -51,17 +51,23 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
         choices: list[str] | None = None, choices_method: ChoicesSamplingMethod | None = None,
-        regex: str | None = None, json_schema: str | dict[str, Any] | None = None) -> SglExpr:
+        regex: str | None = None, json_schema: str | dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None, tool_choice: Any = None) -> SglExpr:
     """Generate into variable `name`. Unset parameters inherit the run() defaults.
 
     With `choices`, this is `select`. `dtype` (int, float, str, bool) constrains the output to that
-    type; `regex` / `json_schema` (a JSON string) constrain it to a grammar.
+    type; `regex` / `json_schema` (a JSON string) constrain it to a grammar. `tools` (OpenAI tool dicts)
+    and `tool_choice` make calls possible: meta_info["tool_calls"] lists them with arguments as dicts.
     """
     if choices:
         return SglSelect(name, choices, 0.0 if temperature is None else temperature,
                          token_length_normalized if choices_method is None else choices_method)
     if regex is not None:
         re.compile(regex)  # fail at the program line, not inside the server
+    if tools is not None:
+        from radixlm.lang.tools import check_tools
+
+        tools, tool_choice = check_tools(tools, tool_choice)  # fail at the program line
     if isinstance(json_schema, dict):
         json_schema = json.dumps(json_schema)  # the wire format carries the schema as a JSON string
     return SglGen(name, GenParams.override(
@@ -70,7 +76,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
         return_logprob=return_logprob, logprob_start_len=logprob_start_len,
         top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-        dtype=dtype, regex=regex, json_schema=json_schema))
+        dtype=dtype, regex=regex, json_schema=json_schema, tools=tools, tool_choice=tool_choice))
 
 
 def _typed_gen(dtype: type, name: str | None, kwargs: dict[str, Any]) -> SglExpr:

@@ -33,6 +33,7 @@ OVERRIDABLE = (
     "max_new_tokens", "min_new_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature",
     "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
     "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "dtype", "regex", "json_schema",
+    "tools", "tool_choice",
 )
 
 
@@ -64,6 +65,8 @@ class GenParams:
     dtype: type | str | None = None
     regex: str | None = None
     json_schema: str | None = None
+    tools: tuple[dict[str, Any], ...] | None = None  # OpenAI tool dicts (lang/tools.py)
+    tool_choice: Any = None
 
     @classmethod
     def override(cls, **values: Any) -> "GenParams":
@@ -111,7 +114,16 @@ class GenParams:
             "ignore_eos": self.ignore_eos,
             "regex": self.regex,
             "json_schema": self.json_schema,
+            **self._tool_params(),
         }
+
+    def _tool_params(self) -> dict[str, Any]:
+        if not self.tools:
+            return {}
+        from radixlm.lang.tools import tool_grammar
+
+        grammar = tool_grammar(self.tools, self.tool_choice)
+        return {} if grammar is None else {"ebnf": grammar}
 
     def logprob_fields(self) -> dict[str, Any]:
         """Top-level logprob fields of a native request; only those the program set."""

@@ -217,3 +217,24 @@ def test_native_structural_tag(tool_server):
     with tool_server.client() as client:
         bad = client.post("/generate", json={"text": "x", "sampling_params": {"structural_tag": {"type": "x"}}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "structural_tag"
+
+
+def test_frontend_gen_tools_through_openai_backend(tool_server):
+    """gen(tools=...) on the frontend's OpenAI backend: tools pass through /v1, calls come back as dicts."""
+    import radixlm as sgl
+
+    backend = sgl.OpenAI(MODEL, base_url=tool_server.url + "/v1", api_key=TENANT_KEYS[0], is_chat_model=True)
+
+    @sgl.function
+    def agent(s):
+        s += sgl.user("What is 12 times 7?")
+        s += sgl.assistant(sgl.gen("call", tools=TOOLS, tool_choice=NAMED, max_tokens=64, temperature=0))
+        call = s.get_meta_info("call")["tool_calls"][0]
+        s += sgl.user("Tool result: " + _run_tool(call["name"], call["arguments"]))
+        s += sgl.assistant(sgl.gen("answer", max_tokens=16, temperature=0))
+
+    state = agent.run(backend=backend)
+    call = state.get_meta_info("call")["tool_calls"][0]
+    assert call["name"] == "calculator" and call["id"].startswith("call_")
+    jsonschema.validate(call["arguments"], SCHEMAS["calculator"])
+    assert state["answer"]
