@@ -10,6 +10,7 @@ split_special_tokens=True, so its special-token strings stay plain text.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -75,6 +76,10 @@ def chat_input_ids(tokenizer, messages: list[dict[str, Any]], tools: Any = None)
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
     specials = _special_strings(tokenizer)
+    if any(s in json.dumps(m["tool_calls"], ensure_ascii=False) for m in messages if m.get("tool_calls")
+           for s in specials):  # the template renders tool calls itself: no placeholders to hide them behind
+        raise InvalidRequestError("tool_calls contain special tokens", param="messages",
+                                  code="special_tokens_in_content")
     if not any(s in m["content"] for m in messages for s in specials):
         return list(tokenizer(_render(tokenizer, messages, tools), add_special_tokens=False).input_ids)
     masked = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)]
