@@ -24,6 +24,9 @@ requests has) and report the batch time / 16, i.e. per request.
 
     python benchmarks/bench_grammar.py                 # SmolLM2 tokenizer (cached), whole corpus
     python benchmarks/bench_grammar.py --tokenizer tiny --seeds 2 --backends outlines,xgrammar
+    python benchmarks/bench_grammar.py --corpus --backends outlines,xgrammar,llguidance   # real-world schemas
+"--corpus" replaces the hand-written corpus with tests/data/real_schemas/ (see corpus_bench.py): coverage,
+compile and mask time per backend, and xgrammar / llguidance used directly, side by side.
 "valid specs" counts corpus specs whose every simulated output finished and validated; specs with
 an invalid output, and those whose walks did not finish (the driver steers xgrammar by heuristic),
 are listed under the table.
@@ -510,15 +513,32 @@ def main() -> None:
                         help="also measure end-to-end JSON decode throughput, jump-forward on vs off (0: skip)")
     parser.add_argument("--e2e-styles", default="default,compact", help="JSON whitespace styles of --e2e")
     parser.add_argument("--e2e-side", choices=("on", "off"), help=argparse.SUPPRESS)  # internal: a worker
+    parser.add_argument("--corpus", action="store_true", help="the real-world JSON-schema corpus instead")
+    parser.add_argument("--corpus-sides", default="xgrammar,llguidance,llguidance-lenient",
+                        help="libraries used directly next to --corpus (empty: none)")
+    parser.add_argument("--corpus-walks", type=int, default=60, help="schemas walked for mask times in --corpus")
+    parser.add_argument("--corpus-limit", type=int, default=0, help="an evenly spaced sample of this many schemas")
+    parser.add_argument("--corpus-side", help=argparse.SUPPRESS)  # internal: a direct-library worker
     args = parser.parse_args()
     if args.e2e_side is not None:
         e2e_side(args.e2e_side == "on", args.engine_tokens, args.e2e_styles == "compact")
+        return
+    if args.corpus_side is not None:
+        from benchmarks.corpus_direct import side_main
+
+        side_main(args.corpus_side)
         return
     import torch
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer = _load_tokenizer(args.tokenizer)
+    if args.corpus:
+        from benchmarks.corpus_bench import corpus_run
+
+        corpus_run(tokenizer, args.backends.split(","), [s for s in args.corpus_sides.split(",") if s],
+                   args.threads, args.corpus_walks, limit=args.corpus_limit)
+        return
     results = [run(tokenizer, b, style, args.seeds, args.soft_len)
                for b in args.backends.split(",") for style in ("default", "compact")]
     _print(results, args.tokenizer, len(tokenizer))

@@ -95,7 +95,7 @@ GENERIC_FAILURE = "grammar could not be compiled"  # the worker's message for an
 @dataclass
 class Compiled:
     """One schema's compile: the grammar, or the GrammarError that refused it; seconds is wall time from
-    submit to result (sequential runs) and includes loading the worker's bytes."""
+    submit to result, loading the worker's bytes included (its own compile time only in sequential runs)."""
 
     name: str
     grammar: Any = None
@@ -118,19 +118,22 @@ def compile_corpus(backend: Any, corpus: list[CorpusSchema], timeout_s: float = 
     config = GrammarCacheConfig(num_workers=1 if sequential else workers, compile_timeout_s=timeout_s,
                                 max_entries=len(corpus) + 1)
     out: dict[str, Compiled] = {}
+    done: dict[str, float] = {}  # completion times, taken by the dispatcher thread as each ends
     with GrammarCache(backend, config) as cache:
         pending: list[tuple[CorpusSchema, Future, float]] = []
         for item in corpus:
-            pending.append((item, cache.submit("json_schema", spec_text(item)), time.perf_counter()))
+            fut = cache.submit("json_schema", spec_text(item))
+            fut.add_done_callback(lambda _, name=item.name: done.setdefault(name, time.perf_counter()))
+            pending.append((item, fut, time.perf_counter()))
             if sequential:
-                pending[-1][1].exception()
+                fut.exception()
         for item, fut, start in pending:
             result = Compiled(item.name)
             try:
                 result.grammar = fut.result()
             except GrammarError as e:
                 result.error = e
-            result.seconds = time.perf_counter() - start
+            result.seconds = done.get(item.name, time.perf_counter()) - start
             out[item.name] = result
     return out
 
@@ -154,12 +157,19 @@ def feed(matcher: Any, ids: list[int]) -> int:
     return -1 if matcher.is_accepting() else len(ids)
 
 
+UNREPRESENTABLE = -2  # InstanceCheck.refused_at of a text the tokenizer cannot encode (no model writes it)
+
+
 @dataclass
 class InstanceCheck:
     name: str
     text: str
-    refused_at: int          # -1: accepted
+    refused_at: int          # -1: accepted; UNREPRESENTABLE; else the index of the refused token
     context: str = field(default="")  # the text around the refused token
+
+    @property
+    def judged(self) -> bool:
+        return self.refused_at != UNREPRESENTABLE
 
 
 def check_instances(grammar: Any, tokenizer: Any, item: CorpusSchema, compact: bool = False) -> list[InstanceCheck]:
@@ -168,6 +178,9 @@ def check_instances(grammar: Any, tokenizer: Any, item: CorpusSchema, compact: b
     for value in item.instances:
         text = serialize(value, item.schema, compact)
         ids = token_ids(tokenizer, text)
+        if tokenizer.decode(ids) != text:  # e.g. SmolLM2 has no token for some UTF-8 lead bytes
+            out.append(InstanceCheck(item.name, text, UNREPRESENTABLE))
+            continue
         at = feed(grammar.matcher(), ids)
         context = ""
         if at >= 0:

@@ -66,6 +66,8 @@ class _Orderer:
             return {k: self.order(value[k], *self._child_of_object(applied, k)) for k in keys}
         if isinstance(value, list):
             return [self.order(v, *self._child_of_array(applied, i)) for i, v in enumerate(value)]
+        if isinstance(value, float) and value.is_integer() and any(_allows_integer(s) for s, _ in applied):
+            return int(value)  # 1.0 is a JSON-Schema integer, but a model writes an integer as digits
         return value
 
     def _child_of_object(self, applied: list, key: str) -> tuple[dict, Any]:
@@ -92,6 +94,11 @@ class _Orderer:
             if isinstance(s.get("items"), dict):
                 return s["items"], r
         return {}, applied[0][1] if applied else self.resolver
+
+
+def _allows_integer(schema: dict) -> bool:
+    t = schema.get("type")
+    return t == "integer" or (isinstance(t, list) and "integer" in t)
 
 
 def _search(pattern: str, text: str) -> bool:

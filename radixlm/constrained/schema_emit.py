@@ -66,8 +66,20 @@ class _Emitter:
             types.remove("integer")
         if not node.get("type") and not any(k in node for t in types for k in _BY_TYPE[t]):
             return {}
+        if not node.get("type") and self.target == "outlines":
+            types = self._implied_type(node, types, path)
         branches = [self._typed(t, node, f"{path}") for t in sorted(types, key=_ORDER.index)]
         return any_of(branches)
+
+    def _implied_type(self, node: dict[str, Any], types: list[str], path: str) -> list[str]:
+        """A typeless schema with only object (or only array, ...) keywords: its author meant that type.
+        The other types would be valid too, but their union with free containers makes a regex whose
+        DFA takes seconds to build (most untyped real schemas are objects), so outlines narrows it."""
+        used = [t for t in types if any(k in node for k in _BY_TYPE[t])]
+        if len(used) != 1:
+            return types
+        self.notes.append(f"type '{used[0]}' assumed at {path} (a schema without `type`; outlines only)")
+        return used
 
     def _enum(self, node: dict[str, Any], path: str) -> dict[str, Any]:
         rest = {k: v for k, v in node.items() if k not in ("enum", "notEnum")}
@@ -165,6 +177,8 @@ class _Emitter:
             for key in [k for k in ("minProperties", "maxProperties") if k in out]:
                 self.notes.append(f"{key} at {path}")
                 del out[key]
+        elif self.target == "xgrammar" and "additionalProperties" not in out:
+            out["additionalProperties"] = True  # strict mode reads a missing one as false
         return self._drop_inexact(out, path)
 
     def _outlines_object(self, out: dict[str, Any], path: str) -> dict[str, Any]:

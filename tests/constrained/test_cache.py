@@ -69,9 +69,10 @@ def test_failures_are_cached(cache):
     assert (info.value.param, info.value.code) == ("regex", INVALID_GRAMMAR)
     again = cache.submit("regex", "(unclosed")
     assert again is first and cache.num_compiles == before + 1
-    bad_schema = cache.submit("json_schema", '{"type": "string", "bogus": 1}')
-    with pytest.raises(GrammarError, match="'bogus'"):
+    bad_schema = cache.submit("json_schema", '{"type": "string", "minLength": "three"}')  # not a schema
+    with pytest.raises(GrammarError, match="not a valid JSON schema"):
         bad_schema.result(timeout=120)
+    assert cache.submit("json_schema", '{"type": "string", "minLength": "three"}') is bad_schema
 
 
 def test_cache_stays_bounded(cache):

@@ -1,0 +1,153 @@
+"""The real-world schema corpus (tests/data/real_schemas/, 400+ schemas from PyPI and npm packages) through
+each grammar backend with the real SmolLM2 tokenizer: coverage, clear refusals, valid instances accepted,
+random-walk outputs valid. The corpus itself is checked without a tokenizer."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+
+import pytest
+
+from benchmarks.schema_corpus import (CORPUS_DIR, GENERIC_FAILURE, check_instances, compile_corpus, load_corpus,
+                                      not_generated, output_errors, refusal_reason, spec_text, validator_for)
+from radixlm.constrained import BACKENDS, GrammarError, GrammarOptions, make_backend
+from radixlm.constrained.errors import ERROR_CODES
+from radixlm.runtime.config import GrammarConfig
+
+COVERAGE_MIN = 0.97              # accepted / total on the default backend (issue 14)
+INSTANCE_ACCEPTANCE_MIN = 0.99   # valid instances the grammar takes, over the accepted schemas
+MIN_SCHEMAS = 300
+# The default backend gets the whole corpus; the others (parametrized where cheap) an evenly spaced
+# sample, so the file stays within a few minutes on 2 cores.
+OTHER_BACKEND_EVERY = 8
+WALKS = {"default": (16, (0, 1)), "other": (8, (0,))}  # schemas walked (evenly over the accepted), seeds
+DEFAULT_BACKEND = GrammarConfig().grammar_backend
+_MODULES = {"outlines": "outlines_core", "xgrammar": "xgrammar", "llguidance": "llguidance"}
+AVAILABLE = [b for b in BACKENDS if importlib.util.find_spec(_MODULES.get(b, b)) is not None]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus()
+
+
+def test_corpus_matches_its_manifest(corpus):
+    from scripts.schema_checks import draft_of, ref_problem
+
+    manifest = json.loads((CORPUS_DIR / "manifest.json").read_text())
+    assert len(corpus) >= MIN_SCHEMAS
+    assert len(corpus) == len(manifest["schemas"]) == len(set(json.dumps(c.schema, sort_keys=True) for c in corpus))
+    for item in corpus:
+        assert (CORPUS_DIR / item.name).stat().st_size == item.info["bytes"], item.name
+        assert ref_problem(item.schema) is None, item.name
+        assert draft_of(item.schema) == item.info["draft"], item.name
+    per_source = collections.Counter(c.info["source"] for c in corpus)
+    assert max(per_source.values()) <= 60, per_source.most_common(3)
+
+
+def test_stored_instances_are_valid(corpus):
+    stored = sum(1 for c in corpus if c.instances)
+    assert stored + len(not_generated()) == len(corpus)
+    assert stored >= 0.5 * len(corpus)
+    for item in corpus:
+        validator = validator_for(item.schema, formats=True)
+        for value in item.instances:
+            assert validator.is_valid(value), item.name
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from radixlm.runtime.model.loader import load_tokenizer
+
+    return load_tokenizer(None)
+
+
+_compiled: dict[str, dict] = {}
+
+
+def _share(name: str, corpus: list) -> list:
+    return corpus if name == DEFAULT_BACKEND else corpus[::OTHER_BACKEND_EVERY]
+
+
+def compiled_for(name: str, tokenizer, corpus) -> dict:
+    """The backend's share of the corpus compiled once per session (the serving compile limit, 2 workers)."""
+    if name not in _compiled:
+        backend = make_backend(name, tokenizer, len(tokenizer), GrammarOptions())
+        _compiled[name] = compile_corpus(backend, _share(name, corpus),
+                                         timeout_s=GrammarConfig().grammar_compile_timeout)
+    return _compiled[name]
+
+
+def _refusals(results: dict) -> collections.Counter:
+    return collections.Counter(refusal_reason(r.error) for r in results.values() if r.error is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="issue 14: the default backend / broadened lowering are still landing")
+def test_default_backend_coverage(tokenizer, corpus):
+    results = compiled_for(DEFAULT_BACKEND, tokenizer, corpus)
+    accepted = sum(1 for r in results.values() if r.grammar is not None)
+    assert accepted / len(results) >= COVERAGE_MIN, (accepted, len(results), _refusals(results).most_common(10))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_refusals_are_clear_grammar_errors(backend, tokenizer, corpus):
+    results = compiled_for(backend, tokenizer, corpus)
+    hidden = []
+    for item in _share(backend, corpus):
+        error = results[item.name].error
+        if error is None:
+            continue
+        assert isinstance(error, GrammarError) and error.code in ERROR_CODES and error.param == "json_schema"
+        assert error.message and "Traceback" not in error.message and len(error.message) < 600, error.message
+        if error.message == GENERIC_FAILURE:  # the worker hid an exception: find it in this process
+            try:
+                make_backend(backend, tokenizer, len(tokenizer), GrammarOptions()).compile("json_schema", spec_text(item))
+            except GrammarError as e:
+                hidden.append(f"{item.name}: only in the worker: {e}")
+            except Exception as e:  # noqa: BLE001 - this is what the test is for
+                hidden.append(f"{item.name}: {type(e).__name__}: {e}")
+    assert not hidden, hidden
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_valid_instances_are_accepted(backend, tokenizer, corpus):
+    results = compiled_for(backend, tokenizer, corpus)
+    checks = [c for item in _share(backend, corpus) if results[item.name].grammar is not None
+              for c in check_instances(results[item.name].grammar, tokenizer, item) if c.judged]
+    refused = [f"{c.name}: {c.context}" for c in checks if c.refused_at >= 0]
+    assert len(checks) >= (300 if backend == DEFAULT_BACKEND else 60)
+    assert 1 - len(refused) / len(checks) >= INSTANCE_ACCEPTANCE_MIN, (len(refused), len(checks), refused[:20])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_random_walk_outputs_validate(backend, tokenizer, corpus):
+    """Every finished walk output validates, except where the lowering says it approximates a keyword
+    (the server validates those outputs and reports a failure); at least half of the walks finish."""
+    from radixlm.constrained.schema_lower import lower_schema
+    from radixlm.constrained.simulate import random_walk
+
+    results = compiled_for(backend, tokenizer, corpus)
+    accepted = [item for item in _share(backend, corpus) if results[item.name].grammar is not None]
+    num_schemas, seeds = WALKS["default" if backend == DEFAULT_BACKEND else "other"]
+    step = max(1, len(accepted) // num_schemas)
+    finished, invalid = 0, []
+    for item in accepted[::step][:num_schemas]:
+        validator = validator_for(item.schema)
+        exact = not lower_schema(spec_text(item), GrammarOptions(), backend).approximations
+        for seed in seeds:
+            walk = random_walk(results[item.name].grammar.matcher(), tokenizer, len(tokenizer), seed=seed,
+                               max_tokens=200)
+            if not walk.finished:
+                continue
+            finished += 1
+            errors = output_errors(validator, walk.text)
+            if errors and exact:
+                invalid.append(f"{item.name} seed {seed}: {errors[0]} in {walk.text[:300]!r}")
+    assert not invalid, invalid
+    assert finished >= len(seeds) * min(num_schemas, len(accepted)) // 2, finished
