@@ -127,7 +127,8 @@ def install_openai_routes(app: FastAPI, ctx: Any) -> None:
         logprobs = check_bool(obj, "logprobs")
         tm.check_admission(1)
         with openai_params():
-            agent = ChatAgent(obj, tm.tokenizer, ctx.config, ctx.grammar_config)  # tools, reasoning
+            # tools, reasoning; lowering the tools' schemas is CPU work: off the event loop
+            agent = await asyncio.to_thread(ChatAgent, obj, tm.tokenizer, ctx.config, ctx.grammar_config)
             messages, tools = agent.render(normalize_messages(obj.get("messages"), tm.limits.max_prompt_chars),
                                            obj.get("tools"))
             ids = chat_input_ids(tm.tokenizer, messages, tools)

@@ -101,6 +101,9 @@ def plan_tools(obj: dict[str, Any], tokenizer: Any, parser_name: str, grammar_ba
     grammar = None
     if grammar_backend == GRAMMAR_BACKEND:
         grammar = tool_grammar(request, fmt, options, specials)
+        if grammar is not None and len(grammar.encode("utf-8")) > options.max_schema_bytes:
+            raise InvalidRequestError(f"tools: their grammar is larger than {options.max_schema_bytes} bytes",
+                                      param="tools", code="grammar_too_large")
     elif request.mode in ("required", "named"):
         raise InvalidRequestError(f"tool_choice {request.mode} needs the llguidance grammar backend (this server "
                                   f"runs {grammar_backend}; start it with --grammar-backend llguidance)",
