@@ -19,7 +19,7 @@ MAX_STOP_STRING_CHARS = 256
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_REGEX_BYTES = 4 * 1024
-MAX_JSON_SCHEMA_BYTES = 64 * 1024
+MAX_JSON_SCHEMA_BYTES = 1 << 20  # real schemas (GitHub workflows, compose, CircleCI) are 90-400 KB
 
 
 class SamplingParamError(InvalidRequestError):

@@ -34,7 +34,7 @@ class GrammarOptions:
     jump_forward: bool = True
     # Limits from ../shared/design/robustness.md.
     max_regex_bytes: int = 4 * 1024
-    max_schema_bytes: int = 64 * 1024
+    max_schema_bytes: int = 1 << 20  # = sampling_params.MAX_JSON_SCHEMA_BYTES
     max_schema_depth: int = 32
 
     @property

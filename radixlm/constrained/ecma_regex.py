@@ -245,6 +245,17 @@ def _top_level_alternatives(pattern: str) -> list[str]:
     return parts
 
 
+def _python_anchors(branch: str) -> str:
+    """`\\A...\\Z` (Python's and PCRE's anchors, common in schemas written by Python tools such as
+    cfn-lint's AWS schemas) as `^...$`: ECMA-262 has no such escapes (an error under the `u` flag), so
+    their authors can only have meant the anchors, and the output validator reads them the same way."""
+    if branch.startswith("\\A"):
+        branch = "^" + branch[2:]
+    if branch.endswith(("\\Z", "\\z")) and _ends_with_anchor(branch[:-2] + "$"):
+        branch = branch[:-2] + "$"
+    return branch
+
+
 def _ends_with_anchor(branch: str) -> bool:
     if not branch.endswith("$"):
         return False
@@ -260,6 +271,7 @@ def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = T
     free = FREE_JSON_CHARS if json_string else r"[\s\S]*"
     branches = []
     for branch in _top_level_alternatives(pattern):
+        branch = _python_anchors(branch)
         head = branch.startswith("^")
         tail = _ends_with_anchor(branch)
         core = branch[1 if head else 0:len(branch) - 1 if tail else len(branch)]

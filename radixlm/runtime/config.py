@@ -57,7 +57,8 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class GrammarConfig:
-    grammar_backend: str = "outlines"  # outlines | xgrammar | llguidance
+    # llguidance | outlines | xgrammar; llguidance by measurement (docs/constrained.md "Choosing the backend")
+    grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
     # Regex for optional whitespace between JSON tokens (None: the backend's default); SGLang's name.
     constrained_json_whitespace_pattern: str | None = None
