@@ -57,6 +57,8 @@ class SamplingParams:
     ebnf: str | None = None
     # Set by the frontend's select / choices=: generate exactly one of these strings.
     choices: list[str] | None = None
+    # SGLang's structural_tag (JSON text or object): normalize() turns it into `ebnf` (llguidance Lark).
+    structural_tag: Any = None
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -93,8 +95,23 @@ class SamplingParams:
         if isinstance(self.stop_token_ids, int) and not isinstance(self.stop_token_ids, bool):
             self.stop_token_ids = [self.stop_token_ids]
         self.logit_bias = _parse_logit_bias(self.logit_bias)
+        self._lower_structural_tag()
         self._check_types()
         self._check_ranges()
+
+    def _lower_structural_tag(self) -> None:
+        if self.structural_tag is None:
+            return
+        from radixlm.constrained.errors import GrammarError
+        from radixlm.constrained.structural_tag import structural_tag_to_lark
+
+        if self.ebnf is not None:
+            raise SamplingParamError("structural_tag", "at most one of ebnf / structural_tag")
+        try:
+            self.ebnf = structural_tag_to_lark(self.structural_tag)
+        except GrammarError as e:
+            raise SamplingParamError("structural_tag", e.message) from None
+        self.structural_tag = None  # lowered once: to_dict() -> from_dict() keeps just the ebnf
 
     def _check_types(self) -> None:
         for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):

@@ -49,7 +49,8 @@ def gen(name: str | None = None, max_tokens: int | None = None, *, choices: list
     `params`: any SamplingParams field by its name (radixlm/sampling_params.py), SGLang's `min_tokens`,
     and the frontend's logprob fields and `dtype` (lang/params.py); `inspect.signature(gen)` lists them.
     With `choices`, this is `select`. `dtype` (int, float, str, bool) constrains the output to that
-    type; `regex` / `json_schema` (a JSON string or a dict) constrain it to a grammar.
+    type; `regex` / `json_schema` (a JSON string or a dict) constrain it to a grammar. `tools` (OpenAI tool
+    dicts) and `tool_choice` make calls possible: meta_info["tool_calls"] lists them with arguments as dicts.
     """
     if choices:
         temperature = params.get("temperature")

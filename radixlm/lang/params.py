@@ -20,7 +20,9 @@ SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Samp
 # SGLang's frontend spells these SamplingParams fields differently in gen().
 GEN_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-FRONTEND_FIELDS = (*LOGPROB_FIELDS, "dtype")
+# OpenAI tool dicts and tool_choice (lang/tools.py): the frontend turns them into a grammar and parses calls.
+TOOL_FIELDS = ("tools", "tool_choice")
+FRONTEND_FIELDS = (*LOGPROB_FIELDS, "dtype", *TOOL_FIELDS)
 # Every name run() / run_batch() take as a sampling option (the rest are program arguments).
 RUN_OPTION_NAMES: frozenset[str] = frozenset((*SAMPLING_FIELDS, *FRONTEND_FIELDS))
 # ... and gen(), which also takes SGLang's aliases.
@@ -63,6 +65,8 @@ class GenParams:
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool | None = None
     dtype: type | str | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: Any = None
 
     def __getattr__(self, name: str) -> Any:
         """`params.temperature` etc.: backends (a plug point users implement) read the values by name,
@@ -88,6 +92,10 @@ class GenParams:
             if name == "regex":
                 re.compile(value)  # fail at the program line, not inside the server
             (sampling if name in SAMPLING_FIELDS else frontend)[name] = value
+        if frontend.get("tools") is not None:
+            from radixlm.lang.tools import check_tools
+
+            frontend["tools"], frontend["tool_choice"] = check_tools(frontend["tools"], frontend.get("tool_choice"))
         return cls(SamplingParams(**sampling), frozenset(sampling), **frontend)
 
     @classmethod
@@ -123,7 +131,16 @@ class GenParams:
         out = {name: getattr(self.sampling, name) for name in names}
         for name in _LIST_FIELDS:
             out[name] = _as_list(out[name])
-        return out
+        return {**out, **self._tool_params()}
+
+    def _tool_params(self) -> dict[str, Any]:
+        """The tool-call grammar as `ebnf` when the gen has tools (None for tool_choice none)."""
+        if not self.tools:
+            return {}
+        from radixlm.lang.tools import tool_grammar
+
+        grammar = tool_grammar(self.tools, self.tool_choice)
+        return {} if grammar is None else {"ebnf": grammar}
 
     def logprob_fields(self) -> dict[str, Any]:
         """Top-level logprob fields of a native request; only those the program set."""

@@ -109,6 +109,10 @@ class ServerConfig:
     # own model copy and radix cache; the tokenizer manager picks one per request.
     dp_size: int = 1
     dp_load_balance: str = "cache_aware"  # cache_aware | round_robin
+    # /v1 tool calling and reasoning (docs/server.md): the call syntax family (auto: from the chat
+    # template) and the thinking-block parser (None: no reasoning separation).
+    tool_call_parser: str = "auto"
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.dp_size < 1:

@@ -36,3 +36,12 @@ def test_serve_subcommand_and_defaults():
     cfg = server_config(args)
     assert (cfg.host, cfg.port, cfg.api_keys, cfg.max_body_bytes) == ("127.0.0.1", 30001, (), 8 << 20)
     assert ServerConfig().port == 30000
+
+
+def test_agent_flag_choices_are_the_parsers():
+    from radixlm.runtime.cli_flags import _EXTRAS
+    from radixlm.runtime.server.reasoning import PARSERS
+    from radixlm.runtime.server.tools.parsers.registry import CHOICES
+
+    assert _EXTRAS["tool_call_parser"].choices == CHOICES
+    assert set(_EXTRAS["reasoning_parser"].choices) == set(PARSERS)

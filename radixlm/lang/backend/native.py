@@ -62,6 +62,15 @@ def choice_token_entries(entries: list[Entry], choice: str, num_prefix_entries: 
     return entries[start:]
 
 
+def _with_tool_calls(params: GenParams, obj: dict[str, Any]) -> dict[str, Any]:
+    """meta_info, plus the parsed `tool_calls` when the gen had tools."""
+    if not params.tools:
+        return obj["meta_info"]
+    from radixlm.lang.tools import parse_tool_calls
+
+    return {**obj["meta_info"], "tool_calls": parse_tool_calls(obj["text"], params.tools, params.tool_choice)}
+
+
 class NativeBackend(BaseBackend):
     """A backend over a native-API transport."""
 
@@ -78,8 +87,8 @@ class NativeBackend(BaseBackend):
     def generate(self, s: StreamExecutor, params: GenParams) -> tuple[str | list[str], Any]:
         obj = self.transport.generate(gen_payload(s.text_, params))
         if isinstance(obj, list):  # n > 1: one result per sample
-            return [o["text"] for o in obj], [o["meta_info"] for o in obj]
-        return obj["text"], obj["meta_info"]
+            return [o["text"] for o in obj], [_with_tool_calls(params, o) for o in obj]
+        return obj["text"], _with_tool_calls(params, obj)
 
     def generate_stream(self, s: StreamExecutor, params: GenParams) -> Iterator[tuple[str, dict[str, Any]]]:
         payload = {**gen_payload(s.text_, params), "stream": True}
@@ -87,7 +96,8 @@ class NativeBackend(BaseBackend):
         for chunk in self.transport.generate_stream(payload):
             # Streamed text is cumulative; hand the interpreter only what is new.
             text = chunk["text"]
-            yield text[pos:], chunk["meta_info"]
+            yield text[pos:], _with_tool_calls(params, chunk) if chunk["meta_info"].get("finish_reason") \
+                else chunk["meta_info"]
             pos = len(text)
 
     def select(self, s: StreamExecutor, choices: list[str], temperature: float,

@@ -22,6 +22,7 @@ from radixlm.lang.chat_template import ChatTemplate, get_chat_template_by_model_
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.params import GenParams, stop_list
+from radixlm.lang.tools import openai_tool_calls, parse_tool_calls, tool_grammar
 
 
 class NoPromptLogprobs(Exception):
@@ -68,6 +69,10 @@ class OpenAI(BaseBackend):
                                   "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty}
         if stop_list(p.stop):
             kwargs["stop"] = stop_list(p.stop)
+        if params.tools:
+            kwargs["tools"] = list(params.tools)
+            if params.tool_choice is not None:
+                kwargs["tool_choice"] = params.tool_choice
         extra = _extensions(params)
         if extra:
             kwargs["extra_body"] = extra
@@ -78,12 +83,22 @@ class OpenAI(BaseBackend):
         if self._use_chat(s):
             ret = self.client.chat.completions.create(messages=s.messages_, **kwargs)
             texts = [c.message.content or "" for c in ret.choices]
+            tool_calls = openai_tool_calls(ret.choices[0].message) if params.tools else None
         else:
+            tool_calls = None
+            if params.tools:  # completions have no tools field: the grammar and the parse run here
+                kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+                grammar = tool_grammar(params.tools, params.tool_choice)
+                if grammar is not None:
+                    kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "ebnf": grammar}
             if params.return_logprob:
                 kwargs["logprobs"] = max(params.top_logprobs_num or 0, 1)
             ret = self.client.completions.create(prompt=s.text_, **kwargs)
             texts = [c.text for c in ret.choices]
         meta: dict[str, Any] = {"finish_reason": ret.choices[0].finish_reason}
+        if params.tools:
+            meta["tool_calls"] = tool_calls if tool_calls is not None else parse_tool_calls(
+                texts[0], params.tools, params.tool_choice)
         if ret.usage is not None:
             meta.update(prompt_tokens=ret.usage.prompt_tokens, completion_tokens=ret.usage.completion_tokens)
         logprobs = getattr(ret.choices[0], "logprobs", None)

@@ -10,10 +10,12 @@ split_special_tokens=True, so its special-token strings stay plain text.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from radixlm.errors import ContextLengthError, InvalidRequestError
+from radixlm.runtime.server.tools.messages import tool_fields
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _PLACEHOLDER = "\ue000radixlm{}\ue001"  # private-use characters: no template or user text contains them
@@ -33,7 +35,7 @@ def normalize_messages(messages: Any, max_chars: int = 1 << 20) -> list[dict[str
         if role not in ROLES:
             raise InvalidRequestError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
                                       param="messages")
-        out.append({"role": role, "content": _content(msg.get("content"), i, role)})
+        out.append({"role": role, "content": _content(msg.get("content"), i, role), **tool_fields(msg, i)})
     if sum(len(m["content"]) for m in out) > max_chars:
         raise ContextLengthError("the messages are too long", param="messages")
     return out
@@ -74,6 +76,10 @@ def chat_input_ids(tokenizer, messages: list[dict[str, Any]], tools: Any = None)
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
     specials = _special_strings(tokenizer)
+    if any(s in json.dumps(m["tool_calls"], ensure_ascii=False) for m in messages if m.get("tool_calls")
+           for s in specials):  # the template renders tool calls itself: no placeholders to hide them behind
+        raise InvalidRequestError("tool_calls contain special tokens", param="messages",
+                                  code="special_tokens_in_content")
     if not any(s in m["content"] for m in messages for s in specials):
         return list(tokenizer(_render(tokenizer, messages, tools), add_special_tokens=False).input_ids)
     masked = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)]

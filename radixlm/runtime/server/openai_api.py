@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixlm.constrained.base import GrammarOptions
 from radixlm.errors import ContextLengthError, InvalidRequestError
 from radixlm.runtime.server import openai_format as fmt
+from radixlm.runtime.server.chat_agent import ChatAgent
+from radixlm.runtime.server.chat_agent_stream import agent_chat_choices
 from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_messages
 from radixlm.runtime.server.context import AppContext, Ctx, off_loop
 from radixlm.runtime.server.errors import APIError
@@ -131,11 +133,14 @@ async def chat_completions(request: Request, ctx: Ctx) -> Response:
     logprobs = check_bool(obj, "logprobs")
     tm.check_admission(1)
     with openai_params():
-        messages = normalize_messages(obj.get("messages"), tm.limits.max_prompt_chars)
-        ids = await off_loop(chat_input_ids, tm.tokenizer, messages, obj.get("tools"))  # chat template + tokenize
+        # tools, reasoning; lowering the tools' schemas is CPU work: on the tokenizer thread, off the event loop
+        agent = await off_loop(ChatAgent, obj, tm.tokenizer, ctx.config, ctx.grammar_config)
+        messages, tools = agent.render(normalize_messages(obj.get("messages"), tm.limits.max_prompt_chars),
+                                       obj.get("tools"))
+        ids = await off_loop(chat_input_ids, tm.tokenizer, messages, tools)  # chat template + tokenize
         top = obj.get("top_logprobs")
         top = 0 if top is None else fmt.check_logprobs_count(top, "top_logprobs")
-        params = fmt.sampling_params(obj, _chat_max_tokens(obj, len(ids), tm))
+        params = agent.sampling_params(fmt.sampling_params(obj, _chat_max_tokens(obj, len(ids), tm)))
         prepared, _ = await off_loop(tm.prepare, request.state.namespace, input_ids=ids, sampling_params=params,
                                      return_logprob=logprobs, top_logprobs_num=top, return_text_in_logprobs=True,
                                      stream=stream)
@@ -147,14 +152,15 @@ async def chat_completions(request: Request, ctx: Ctx) -> Response:
         if events is None:
             return Response(status_code=499)
         opening = [_chat_choice(i, {"role": "assistant", "content": ""}) for i in range(len(handle.rids))]
+        render = _chat_choices(logprobs) if agent.passthrough() else agent_chat_choices(agent, logprobs)
         return StreamingResponse(_sse_choices(tm, handle, events, "chat.completion.chunk", served, n,
-                                              include_usage, opening, _chat_choices(logprobs)),
+                                              include_usage, opening, render),
                                  media_type="text/event-stream")
     results = await wait_results(request, tm, handle)
     if results is None:
         return Response(status_code=499)
     raise_for_server_errors(results)
-    choices = [fmt.chat_choice(k, r, logprobs) for k, r in enumerate(results)]
+    choices = [agent.finish_choice(fmt.chat_choice(k, r, logprobs)) for k, r in enumerate(results)]
     return JSONResponse({**fmt.envelope("chat.completion", served, choices), "usage": fmt.usage(results, n)})
 
 

@@ -1,0 +1,1 @@
+"""One module per model family's tool-call syntax (SGLang's --tool-call-parser names); registry.py picks one."""

@@ -1,0 +1,112 @@
+"""One chat request's tool handling: the prompt (template or default tool prompt), the grammar added to its
+sampling params, and the finished / streamed outputs turned into OpenAI `tool_calls`.
+
+Runs in the HTTP process. Grammar-guaranteed calls need the llguidance backend (its `%json` and lazy
+triggers); on another backend `tool_choice: auto` runs unconstrained and is parsed afterwards (a call whose
+arguments do not validate stays plain content), and `required` / a named tool are a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.constrained.base import GrammarOptions
+from radixlm.constrained.validate import check_json_output
+from radixlm.errors import InvalidRequestError
+from radixlm.runtime.server.tools.grammar import tool_grammar
+from radixlm.runtime.server.tools.parsers.base import ParsedCall, Parser, ToolFormat, content_outside
+from radixlm.runtime.server.tools.parsers.registry import resolve
+from radixlm.runtime.server.tools.prompt import default_prompt_messages, template_has_tools
+from radixlm.runtime.server.tools.spec import ToolRequest, parse_tool_request
+from radixlm.runtime.server.tools.stream import ToolStream, call_id
+
+GRAMMAR_BACKEND = "llguidance"
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    request: ToolRequest
+    fmt: ToolFormat
+    parser: Parser
+    grammar: str | None  # the Lark grammar sent as the request's `ebnf` (None: unconstrained)
+    native_template: bool  # the model's template renders tools itself
+    special_trigger: bool  # the family's markers are special tokens: keep them in the decoded text
+
+    def render(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """(messages, tools for the template)."""
+        shown = self.request.tools if self.request.mode != "none" else ()
+        if self.native_template:
+            return messages, [t.as_openai() for t in shown] or None
+        return default_prompt_messages(messages, shown, self.fmt), None
+
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self.grammar is None:
+            return params
+        if any(params.get(k) is not None for k in ("json_schema", "regex", "ebnf")):
+            raise InvalidRequestError("response_format (or another grammar) cannot be combined with tools "
+                                      f"under tool_choice {self.request.mode}", param="response_format")
+        extra: dict[str, Any] = {"ebnf": self.grammar}
+        if self.special_trigger:
+            extra["skip_special_tokens"] = False
+        return {**params, **extra}
+
+    def accepted_calls(self, text: str) -> list[ParsedCall]:
+        """Calls of a callable tool whose arguments validate against its schema (others stay content)."""
+        if self.request.mode == "none":
+            return []
+        tools = {t.name: t for t in self.request.callable_tools()}
+        calls = []
+        for call in self.parser(text):
+            tool = tools.get(call.name)
+            if tool is not None and check_json_output(json.dumps(tool.parameters), call.arguments, True).valid:
+                calls.append(call)
+        return calls if self.request.parallel else calls[:1]
+
+    def message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """(the assistant message, finish_reason) of a finished output."""
+        calls = self.accepted_calls(text)
+        if not calls:
+            return {"role": "assistant", "content": text}, reason
+        tool_calls = [{"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                      for c in calls]
+        if self.grammar is not None:  # after the trigger everything is calls (a cut one is dropped)
+            content = text[:max(text.find(self.fmt.trigger), 0)].strip() or None
+        else:
+            content = content_outside(text, calls) or None
+        # A cut output (length) keeps its reason, as when streaming: the client sees it was cut.
+        return ({"role": "assistant", "content": content, "tool_calls": tool_calls},
+                "tool_calls" if reason == "stop" else reason)
+
+    def stream(self) -> ToolStream:
+        return ToolStream(self.fmt, self.grammar is not None, self.accepted_calls)
+
+
+def _special_tokens(tokenizer: Any) -> list[str]:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return sorted({t.content for t in added.values() if getattr(t, "special", False)}
+                  | set(getattr(tokenizer, "all_special_tokens", [])))
+
+
+def plan_tools(obj: dict[str, Any], tokenizer: Any, parser_name: str, grammar_backend: str,
+               options: GrammarOptions) -> ToolPlan | None:
+    """None for a request without tools; InvalidRequestError (400) for bad tool fields."""
+    request = parse_tool_request(obj)
+    if request is None:
+        return None
+    template = getattr(tokenizer, "chat_template", None)
+    fmt, parser = resolve(parser_name, template if isinstance(template, str) else None)
+    specials = _special_tokens(tokenizer)
+    grammar = None
+    if grammar_backend == GRAMMAR_BACKEND:
+        grammar = tool_grammar(request, fmt, options, specials)
+        if grammar is not None and len(grammar.encode("utf-8")) > options.max_schema_bytes:
+            raise InvalidRequestError(f"tools: their grammar is larger than {options.max_schema_bytes} bytes",
+                                      param="tools", code="grammar_too_large")
+    elif request.mode in ("required", "named"):
+        raise InvalidRequestError(f"tool_choice {request.mode} needs the llguidance grammar backend (this server "
+                                  f"runs {grammar_backend}; start it with --grammar-backend llguidance)",
+                                  param="tool_choice", code="invalid_grammar")
+    return ToolPlan(request, fmt, parser, grammar, template_has_tools(template if isinstance(template, str) else None),
+                    any(s in fmt.group_open for s in specials))

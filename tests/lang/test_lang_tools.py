@@ -1,0 +1,79 @@
+"""gen(..., tools=[...]) in a @function program: on the in-process Engine (llguidance backend, the tiny
+random model: the grammar alone guarantees the calls) the calls come back as dicts in meta_info and the
+program loops over them; bad tools fail at the program line."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+import radixlm as sgl
+from radixlm.lang.tools import parse_tool_calls, tools_prompt
+from tests.server.tools.conftest import SCHEMAS, TOOLS
+
+
+@pytest.fixture(scope="module")
+def llg_engine(tiny_llama_dir):
+    from radixlm.runtime.engine import Engine
+
+    eng = Engine(model_path=str(tiny_llama_dir), grammar_backend="llguidance")
+    yield eng
+    eng.shutdown()
+
+
+@sgl.function
+def tool_loop(s, question):
+    s += "Question: " + question + "\n"  # the tiny model's context is short: no tool prompt
+    s += sgl.gen("call", tools=TOOLS, tool_choice="required", max_tokens=160, temperature=0.7)
+    for call in s.get_meta_info("call")["tool_calls"]:
+        s += f"\n<tool_response>\n{json.dumps({'name': call['name'], 'ok': True})}\n</tool_response>\n"
+    s += "Answer: " + sgl.gen("answer", max_tokens=8, tools=TOOLS, tool_choice="none")
+
+
+def test_tool_loop_on_the_engine(llg_engine):
+    states = tool_loop.run_batch([{"question": q} for q in ("weather in Paris?", "2 + 3?", "7 / 2?")],
+                                 backend=llg_engine)
+    total = 0
+    for state in states:
+        calls = state.get_meta_info("call")["tool_calls"]
+        assert calls, state["call"]
+        for call in calls:
+            assert call["id"].startswith("call_") and isinstance(call["arguments"], dict)
+            jsonschema.validate(call["arguments"], SCHEMAS[call["name"]])
+        total += len(calls)
+        assert state.get_meta_info("answer")["tool_calls"] == []
+        assert "<tool_response>" in state.text()
+    assert total >= 3
+
+
+def test_named_choice_on_the_engine(llg_engine):
+    @sgl.function
+    def named(s):
+        s += "Compute something.\n" + sgl.gen("c", tools=TOOLS, max_tokens=160,
+                                             tool_choice={"type": "function", "function": {"name": "calculator"}})
+
+    calls = named.run(backend=llg_engine, temperature=0.5).get_meta_info("c")["tool_calls"]
+    assert calls and {c["name"] for c in calls} == {"calculator"}
+
+
+def test_bad_tools_fail_at_the_program_line():
+    from radixlm.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError):
+        sgl.gen("x", tools=[{"type": "function", "function": {"name": "bad name"}}])
+    with pytest.raises(InvalidRequestError):
+        sgl.gen("x", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "missing"}})
+
+
+def test_tools_prompt_lists_the_tools():
+    prompt = tools_prompt(TOOLS)
+    assert "<tools>" in prompt and '"name": "calculator"' in prompt and "<tool_call>" in prompt
+
+
+def test_parse_keeps_only_valid_calls():
+    text = ('<tool_call>\n{"name": "calculator", "arguments": {"a": 1, "b": 2, "op": "+"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "calculator", "arguments": {"a": "x"}}\n</tool_call>')
+    calls = parse_tool_calls(text, TOOLS, "auto")
+    assert [(c["name"], c["arguments"]) for c in calls] == [("calculator", {"a": 1, "b": 2, "op": "+"})]

@@ -1,0 +1,127 @@
+"""The tool grammar on the llguidance backend: random walks through it (sampling among allowed tokens)
+always give calls the parser accepts, whose arguments validate against the tool's schema."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from radixlm.constrained.base import GrammarOptions
+from radixlm.constrained.simulate import random_walk
+from radixlm.errors import InvalidRequestError
+from radixlm.runtime.server.reasoning import PARSERS
+from radixlm.runtime.server.tools.grammar import literal, tool_grammar
+from radixlm.runtime.server.tools.parsers import hermes, llama3, mistral
+from radixlm.runtime.server.tools.spec import parse_tool_request
+from tests.server.tools.conftest import SCHEMAS, TOOLS
+
+NAMED = {"type": "function", "function": {"name": "calculator"}}
+
+
+def _grammar(choice, fmt=hermes.FORMAT, parallel=True, tools=TOOLS):
+    req = parse_tool_request({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel})
+    return tool_grammar(req, fmt, GrammarOptions())
+
+
+def _walk(backend, tokenizer, grammar, seed, prefix=""):
+    matcher = backend.compile("ebnf", grammar).matcher()
+    for tid in tokenizer(prefix, add_special_tokens=False).input_ids if prefix else []:
+        assert matcher.accept_token(tid)
+    res = random_walk(matcher, tokenizer, backend.vocab_size, seed=seed, max_tokens=600)
+    return prefix + res.text, res.finished
+
+
+def _check_calls(calls, names=tuple(SCHEMAS)):
+    for call in calls:
+        assert call.name in names
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+@pytest.mark.parametrize("fmt", [hermes, llama3, mistral], ids=lambda m: m.FORMAT.name)
+@pytest.mark.parametrize("choice,parallel", [("required", True), ("required", False), (NAMED, True)])
+def test_required_walks_are_valid_calls(llg_backend, byte_tokenizer, fmt, choice, parallel):
+    grammar = _grammar(choice, fmt.FORMAT, parallel)
+    num_calls = 0
+    for seed in range(6):
+        text, finished = _walk(llg_backend, byte_tokenizer, grammar, seed)
+        assert finished, text
+        calls = fmt.parse(text)
+        assert calls, text
+        _check_calls(calls, ("calculator",) if choice == NAMED else tuple(SCHEMAS))
+        if not parallel:
+            assert len(calls) == 1
+        num_calls += len(calls)
+    assert num_calls >= 6
+
+
+def test_auto_allows_text_then_constrains_the_call(llg_backend, byte_tokenizer):
+    grammar = _grammar("auto")
+    text, finished = _walk(llg_backend, byte_tokenizer, grammar, 0, prefix="Let me see. ")
+    assert finished
+    assert hermes.parse(text) == [] or text.startswith("Let me see. ")
+    for seed in range(6):  # once the trigger is written, the rest is a valid call
+        text, finished = _walk(llg_backend, byte_tokenizer, grammar, seed, prefix="Sure. <tool_call>")
+        assert finished, text
+        calls = hermes.parse(text)
+        assert len(calls) >= 1, text
+        _check_calls(calls)
+
+
+def test_required_refuses_text_and_wrong_arguments(llg_backend, byte_tokenizer):
+    matcher = llg_backend.compile("ebnf", _grammar("required")).matcher()
+    assert not matcher.accept_token(byte_tokenizer("H", add_special_tokens=False).input_ids[0])
+    grammar = _grammar("auto")
+    bad = '<tool_call>\n{"name": "calculator", "arguments": {"a": 1, "op": "%"'
+    matcher = llg_backend.compile("ebnf", grammar).matcher()
+    ids = byte_tokenizer(bad, add_special_tokens=False).input_ids
+    assert not all(matcher.accept_token(t) for t in ids)
+
+
+def test_none_has_no_grammar_and_bad_schemas_are_400():
+    assert _grammar("none") is None
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "$ref": "http://x/y"}}}]
+    with pytest.raises(InvalidRequestError) as exc:
+        _grammar("required", tools=bad)
+    assert exc.value.param == "tools"
+
+
+@pytest.mark.parametrize("obj,param", [
+    ({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"function": {"name": "bad name"}}]}, "tools"),
+    ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_bad_tool_fields_are_400(obj, param):
+    with pytest.raises(InvalidRequestError) as exc:
+        parse_tool_request(obj)
+    assert exc.value.param == param
+
+
+def test_special_token_literals():
+    assert literal("<|python_tag|>{", ["<|python_tag|>"]) == '<|python_tag|> "{"'
+    assert literal("<tool_call>\n") == '"<tool_call>\\n"'
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_grammar_after_reasoning(llg_backend, byte_tokenizer, name):
+    grammar = PARSERS[name].wrap_grammar(_grammar("required", parallel=False))
+    for seed in range(3):
+        text, finished = _walk(llg_backend, byte_tokenizer, grammar, seed, prefix="<think>hmm, {not json</think>\n")
+        assert finished
+        thought, content = PARSERS[name].split(text)
+        assert thought == "hmm, {not json"
+        _check_calls(hermes.parse(content))
+        assert len(hermes.parse(content)) == 1
+
+
+def test_qwen3_thought_must_open_with_think(llg_backend, byte_tokenizer):
+    grammar = PARSERS["qwen3"].wrap_grammar(_grammar("required", parallel=False))
+    matcher = llg_backend.compile("ebnf", grammar).matcher()
+    assert not matcher.accept_token(byte_tokenizer("H", add_special_tokens=False).input_ids[0])
+    text, finished = _walk(llg_backend, byte_tokenizer, grammar, 0, prefix="<tool_call>")
+    assert finished and len(hermes.parse(text)) == 1
