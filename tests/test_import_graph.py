@@ -58,6 +58,9 @@ def _offenders(folder: str, forbidden: str) -> list[str]:
     ("runtime/sampling", "radixlm.runtime.scheduler"),
     ("runtime", "radixlm.router"),  # a replica shares the routing policy (radix_cache/routing.py), not the router
     ("router", "radixlm.runtime"),
+    ("constrained", "radixlm.lang"),
+    ("tools", "radixlm.runtime"),  # tool calling is shared by server/ and lang/: below both
+    ("tools", "radixlm.lang"),
 ])
 def test_no_upward_imports(folder: str, forbidden: str) -> None:
     assert _offenders(folder, forbidden) == []

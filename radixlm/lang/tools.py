@@ -16,7 +16,7 @@ from radixlm.constrained.base import GrammarOptions
 
 
 def _request(tools: Any, tool_choice: Any, parallel: bool = True) -> Any:
-    from radixlm.runtime.server.tools.spec import parse_tool_request
+    from radixlm.tools.spec import parse_tool_request
 
     return parse_tool_request({"tools": list(tools), "tool_choice": tool_choice, "parallel_tool_calls": parallel})
 
@@ -29,16 +29,16 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[tuple[dict[str, Any], ...
 
 def tool_grammar(tools: Any, tool_choice: Any) -> str | None:
     """The Lark grammar (`ebnf`) that makes the gen's calls well-formed; None for tool_choice none."""
-    from radixlm.runtime.server.tools.grammar import tool_grammar as build
-    from radixlm.runtime.server.tools.parsers import hermes
+    from radixlm.tools.grammar import tool_grammar as build
+    from radixlm.tools.parsers import hermes
 
     return build(_request(tools, tool_choice), hermes.FORMAT, GrammarOptions())
 
 
 def tools_prompt(tools: Any) -> str:
     """The default hermes-style tool prompt (put it in the system message of a text-backend program)."""
-    from radixlm.runtime.server.tools.prompt import DEFAULT_TOOL_PROMPT
-    from radixlm.runtime.server.tools.spec import parse_tool_request
+    from radixlm.tools.prompt import DEFAULT_TOOL_PROMPT
+    from radixlm.tools.spec import parse_tool_request
 
     req = parse_tool_request({"tools": list(tools)})
     listing = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in req.tools)
@@ -48,8 +48,8 @@ def tools_prompt(tools: Any) -> str:
 def parse_tool_calls(text: str, tools: Any, tool_choice: Any) -> list[dict[str, Any]]:
     """The calls in a text-backend output whose arguments validate (others stay text)."""
     from radixlm.constrained.validate import check_json_output
-    from radixlm.runtime.server.tools.parsers import fallback
-    from radixlm.runtime.server.tools.stream import call_id
+    from radixlm.tools.parsers import fallback
+    from radixlm.tools.stream import call_id
 
     req = _request(tools, tool_choice)
     callable_tools = {t.name: t for t in req.callable_tools()}

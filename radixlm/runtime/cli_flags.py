@@ -58,7 +58,7 @@ _EXTRAS: dict[str, FlagExtra] = {
     "dp_load_balance": FlagExtra(names=("--dp-load-balance", "--load-balance-method"),
                                  choices=("cache_aware", "round_robin"),
                                  help="how --dp-size picks a scheduler for each request"),
-    # = server/tools/parsers/registry.CHOICES and server/reasoning.PARSERS (tests/server/tools check it)
+    # = radixlm/tools/parsers/registry.CHOICES and server/reasoning.PARSERS (tests/server/tools check it)
     "tool_call_parser": FlagExtra(choices=("auto", "hermes", "qwen25", "qwen", "qwen3", "llama3", "mistral",
                                            "fallback"),
                                   help="tool-call syntax of /v1 tool calling (auto: from the chat template)"),

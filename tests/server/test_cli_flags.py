@@ -41,7 +41,7 @@ def test_serve_subcommand_and_defaults():
 def test_agent_flag_choices_are_the_parsers():
     from radixlm.runtime.cli_flags import _EXTRAS
     from radixlm.runtime.server.reasoning import PARSERS
-    from radixlm.runtime.server.tools.parsers.registry import CHOICES
+    from radixlm.tools.parsers.registry import CHOICES
 
     assert _EXTRAS["tool_call_parser"].choices == CHOICES
     assert set(_EXTRAS["reasoning_parser"].choices) == set(PARSERS)

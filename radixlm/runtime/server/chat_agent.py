@@ -12,9 +12,9 @@ from typing import Any, Iterator
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.validate import check_json_output
 from radixlm.runtime.server.reasoning import PARSERS, ReasoningParser, ReasoningStream
-from radixlm.runtime.server.tools.grammar import lowered_parameters
-from radixlm.runtime.server.tools.plan import GRAMMAR_BACKEND, ToolPlan, plan_tools
-from radixlm.runtime.server.tools.spec import ToolSpec
+from radixlm.tools.grammar import lowered_parameters
+from radixlm.tools.plan import GRAMMAR_BACKEND, ToolPlan, plan_tools
+from radixlm.tools.spec import ToolSpec
 
 
 class ChatAgent:

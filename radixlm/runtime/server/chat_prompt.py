@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from radixlm.errors import ContextLengthError, InvalidRequestError
-from radixlm.runtime.server.tools.messages import tool_fields
+from radixlm.tools.messages import tool_fields
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _PLACEHOLDER = "\ue000radixlm{}\ue001"  # private-use characters: no template or user text contains them

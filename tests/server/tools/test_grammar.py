@@ -12,9 +12,9 @@ from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.simulate import random_walk
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.server.reasoning import PARSERS
-from radixlm.runtime.server.tools.grammar import literal, tool_grammar
-from radixlm.runtime.server.tools.parsers import hermes, llama3, mistral
-from radixlm.runtime.server.tools.spec import parse_tool_request
+from radixlm.tools.grammar import literal, tool_grammar
+from radixlm.tools.parsers import hermes, llama3, mistral
+from radixlm.tools.spec import parse_tool_request
 from tests.server.tools.conftest import SCHEMAS, TOOLS
 
 NAMED = {"type": "function", "function": {"name": "calculator"}}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from radixlm.runtime.server.tools.parsers import fallback, hermes, llama3, mistral
-from radixlm.runtime.server.tools.parsers.base import content_outside
-from radixlm.runtime.server.tools.parsers.registry import family_for, resolve
+from radixlm.tools.parsers import fallback, hermes, llama3, mistral
+from radixlm.tools.parsers.base import content_outside
+from radixlm.tools.parsers.registry import family_for, resolve
 
 QWEN25 = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>\n'
           '<tool_call>\n{"name": "calculator", "arguments": {"a": 2, "b": 3, "op": "+"}}\n</tool_call>')

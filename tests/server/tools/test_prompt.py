@@ -9,9 +9,9 @@ import pytest
 
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_messages
-from radixlm.runtime.server.tools.parsers import hermes
-from radixlm.runtime.server.tools.prompt import default_prompt_messages, template_has_tools
-from radixlm.runtime.server.tools.spec import parse_tool_request
+from radixlm.tools.parsers import hermes
+from radixlm.tools.prompt import default_prompt_messages, template_has_tools
+from radixlm.tools.spec import parse_tool_request
 from tests.server.tools.conftest import TOOLS
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"a": 1, "b": 2, "op": "+"}'}}

@@ -13,7 +13,7 @@ from radixlm.constrained.base import GrammarOptions
 from radixlm.runtime.config import GrammarConfig, ServerConfig
 from radixlm.runtime.server.chat_agent import ChatAgent
 from radixlm.runtime.server.reasoning import PARSERS, ReasoningStream
-from radixlm.runtime.server.tools.plan import plan_tools
+from radixlm.tools.plan import plan_tools
 from tests.server.tools.conftest import TOOLS
 
 TOKENIZER = SimpleNamespace(chat_template="{{ messages }}", added_tokens_decoder={}, all_special_tokens=["<|im_end|>"])

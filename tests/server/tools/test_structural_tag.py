@@ -10,7 +10,7 @@ import pytest
 
 from radixlm.constrained.simulate import random_walk
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.server.tools.parsers.base import decode_at
+from radixlm.tools.parsers.base import decode_at
 from radixlm.sampling_params import SamplingParams
 from tests.server.tools.conftest import SCHEMAS
 

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from radixlm.runtime.server.tools.parsers.base import decode_at
+from radixlm.tools.parsers.base import decode_at
 from tests.server.conftest import TENANT_KEYS, ServerProcess
 from tests.server.tools.conftest import SCHEMAS, TOOLS
 

@@ -12,7 +12,7 @@ import re
 import uuid
 from typing import Any, Callable
 
-from radixlm.runtime.server.tools.parsers.base import ParsedCall, ToolFormat, content_outside, decode_at
+from radixlm.tools.parsers.base import ParsedCall, ToolFormat, content_outside, decode_at
 
 
 def call_id() -> str:

@@ -3,7 +3,7 @@ per call (SGLang's `qwen25`; also the default prompt for templates without tool 
 
 from __future__ import annotations
 
-from radixlm.runtime.server.tools.parsers.base import ParsedCall, ToolFormat, call_object
+from radixlm.tools.parsers.base import ParsedCall, ToolFormat, call_object
 
 FORMAT = ToolFormat(name="hermes", trigger="<tool_call>", open="", call_open="<tool_call>\n",
                     call_close="\n</tool_call>", sep="\n", close="")

@@ -17,8 +17,8 @@ from typing import Any, Iterable
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.errors import GrammarError
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.server.tools.parsers.base import ToolFormat
-from radixlm.runtime.server.tools.spec import ToolRequest, ToolSpec
+from radixlm.tools.parsers.base import ToolFormat
+from radixlm.tools.spec import ToolRequest, ToolSpec
 
 # Canonical JSON inside calls: the model cannot loop on whitespace, and json.dumps's separators match.
 _JSON_STYLE = {"lenient": True, "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

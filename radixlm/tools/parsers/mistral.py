@@ -3,7 +3,7 @@ missing from decoded text: a bare leading JSON array of calls is accepted too)."
 
 from __future__ import annotations
 
-from radixlm.runtime.server.tools.parsers.base import ParsedCall, ToolFormat, call_object, decode_at
+from radixlm.tools.parsers.base import ParsedCall, ToolFormat, call_object, decode_at
 
 FORMAT = ToolFormat(name="mistral", trigger="[TOOL_CALLS]", open="[TOOL_CALLS][", call_open="", call_close="",
                     sep=", ", close="]")

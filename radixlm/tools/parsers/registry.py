@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from radixlm.runtime.server.tools.parsers import fallback, hermes, llama3, mistral
-from radixlm.runtime.server.tools.parsers.base import Parser, ToolFormat
+from radixlm.tools.parsers import fallback, hermes, llama3, mistral
+from radixlm.tools.parsers.base import Parser, ToolFormat
 
 FAMILIES: dict[str, ModuleType] = {"hermes": hermes, "qwen25": hermes, "qwen": hermes, "qwen3": hermes,
                                    "llama3": llama3, "mistral": mistral, "fallback": fallback}

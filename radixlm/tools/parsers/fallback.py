@@ -3,8 +3,8 @@ llama3's bare JSON); generation then uses the hermes syntax (the documented defa
 
 from __future__ import annotations
 
-from radixlm.runtime.server.tools.parsers import hermes, llama3, mistral
-from radixlm.runtime.server.tools.parsers.base import ParsedCall
+from radixlm.tools.parsers import hermes, llama3, mistral
+from radixlm.tools.parsers.base import ParsedCall
 
 FORMAT = hermes.FORMAT
 

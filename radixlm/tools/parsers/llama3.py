@@ -3,7 +3,7 @@ for parallel calls). The whole message is the calls; anything else is plain cont
 
 from __future__ import annotations
 
-from radixlm.runtime.server.tools.parsers.base import ParsedCall, ToolFormat, call_object
+from radixlm.tools.parsers.base import ParsedCall, ToolFormat, call_object
 
 FORMAT = ToolFormat(name="llama3", trigger="<|python_tag|>", open="<|python_tag|>", call_open="", call_close="",
                     sep=";", close="", args_key="parameters")

@@ -15,12 +15,12 @@ from typing import Any
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.validate import check_json_output
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.server.tools.grammar import tool_grammar
-from radixlm.runtime.server.tools.parsers.base import ParsedCall, Parser, ToolFormat, content_outside
-from radixlm.runtime.server.tools.parsers.registry import resolve
-from radixlm.runtime.server.tools.prompt import default_prompt_messages, template_has_tools
-from radixlm.runtime.server.tools.spec import ToolRequest, parse_tool_request
-from radixlm.runtime.server.tools.stream import ToolStream, call_id
+from radixlm.tools.grammar import tool_grammar
+from radixlm.tools.parsers.base import ParsedCall, Parser, ToolFormat, content_outside
+from radixlm.tools.parsers.registry import resolve
+from radixlm.tools.prompt import default_prompt_messages, template_has_tools
+from radixlm.tools.spec import ToolRequest, parse_tool_request
+from radixlm.tools.stream import ToolStream, call_id
 
 GRAMMAR_BACKEND = "llguidance"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.runtime.server.tools.parsers.base import ToolFormat
-from radixlm.runtime.server.tools.spec import ToolSpec
+from radixlm.tools.parsers.base import ToolFormat
+from radixlm.tools.spec import ToolSpec
 
 DEFAULT_TOOL_PROMPT = (
     "# Tools\n\nYou may call one or more functions to answer the user. The functions are listed in "
