@@ -68,10 +68,16 @@ def test_ebnf_on_the_default_backend(tiny_llama_dir):
     with Engine(str(tiny_llama_dir), max_total_tokens=4096, grammar_num_workers=1) as eng:
         r = eng.generate("Q:", {"max_new_tokens": 48, "temperature": 0, "ebnf": GBNF})
         assert re.fullmatch(LANGUAGE, r["text"]), r["text"]
-        nested = eng.generate("Q:", {"max_new_tokens": 32, "temperature": 0, "ebnf": RECURSIVE})
-        assert nested["meta_info"]["finish_reason"]["type"] == "stop"  # recursion: a context-free grammar
-        depth = nested["text"].count("(")
-        assert nested["text"] == "(" * depth + "x" + ")" * depth, nested["text"]
+        # Recursion (a context-free language): a finished text is balanced; a random tiny model may keep
+        # opening until max_new_tokens, and what it leaves is then a prefix of a balanced text.
+        for seed in range(4):
+            nested = eng.generate("Q:", {"max_new_tokens": 32, "temperature": 1.0, "sampling_seed": seed,
+                                         "ebnf": RECURSIVE})
+            text, depth = nested["text"], nested["text"].count("(")
+            if nested["meta_info"]["finish_reason"]["type"] == "stop":
+                assert text == "(" * depth + "x" + ")" * depth, text
+            else:
+                assert re.fullmatch(r"\(*(x\)*)?", text) and text.count(")") <= depth, text
         eng.check_integrity()
 
 
