@@ -35,7 +35,8 @@ _EXTRAS: dict[str, FlagExtra] = {
     # engine
     "model_path": FlagExtra(help="HF directory or .gguf file (default: SmolLM2-135M-Instruct)"),
     "dtype": FlagExtra(choices=("auto", "float32", "bfloat16", "float16")),
-    "num_threads": FlagExtra(help="torch threads on CPU (default: all cores)"),
+    "num_threads": FlagExtra(help="torch threads on CPU (default: every core; `serve` leaves one core to its IO "
+                                  "processes on 3-8 cores, docs/server.md)"),
     "attention_backend": FlagExtra(choices=("auto", "torch", "triton")),
     "seed": FlagExtra(names=("--random-seed",), help="global RNG seed for unseeded sampling"),
     "weight_layout": FlagExtra(choices=("auto", "row", "column", "blocks")),
@@ -136,6 +137,6 @@ def _type_kwargs(hint: Any, default: Any) -> dict[str, Any]:
     if origin in (list, tuple):
         item = typing.get_args(base)[0]
         return {"action": "append", "type": item, "default": None}
-    if origin is dict:
+    if origin is dict or base is Any:  # a JSON value (logit_bias, structural_tag)
         return {"type": json.loads, "default": None}
     return {"type": base, "default": default}

@@ -142,7 +142,9 @@ def test_smollm2_corpus_always_valid(jump_forward):
                 continue
             check_output(kind, name, r["text"])
         print("cut by max_new_tokens:", truncated)
-        assert len(truncated) <= len(specs) // 6, truncated
+        # llguidance (the default) also allows keys the schemas do not list (JSON Schema's default), where
+        # the model may loop in a free string: a few more cuts than with outlines' listed-keys-only grammars.
+        assert len(truncated) <= len(specs) // 5, truncated
         forced = sum(r["meta_info"].get("jump_forward_tokens", 0) for r in res)
         assert (forced > 0) == jump_forward
         eng.check_integrity()

@@ -5,6 +5,7 @@ and every engine / server config field has a CLI flag."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ VALUES: dict[str, Any] = {
     "spaces_between_special_tokens": False, "no_stop_trim": True, "n": 2, "logit_bias": {5: 1.0},
     "sampling_seed": 7, "regex": "[ab]+", "json_schema": '{"type": "string"}', "ebnf": 'root ::= "a"',
     "choices": ["yes", "no"],
+    "structural_tag": {"type": "structural_tag", "triggers": ["<f>"],
+                       "structures": [{"begin": "<f>", "schema": {"type": "integer"}, "end": "</f>"}]},
 }
 # The CLI spelling of each value (repeatable flags take one value per occurrence).
 CLI_ARGS: dict[str, list[str]] = {
@@ -32,6 +35,7 @@ CLI_ARGS: dict[str, list[str]] = {
     "spaces_between_special_tokens": ["--no-spaces-between-special-tokens"], "no_stop_trim": ["--no-stop-trim"],
     "logit_bias": ["--logit-bias", '{"5": 1.0}'], "sampling_seed": ["--seed", "7"],
     "choices": ["--choices", "yes", "--choices", "no"],
+    "structural_tag": ["--structural-tag", json.dumps(VALUES["structural_tag"])],
 }
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 
@@ -66,6 +70,11 @@ def test_generate_route_accepts(client, name):
 def test_cli_flag_for_every_sampling_field(name):
     flags = CLI_ARGS.get(name, ["--" + name.replace("_", "-"), str(VALUES[name])])
     values = sampling_values(build_parser().parse_args(["generate", "hi", *flags]))
+    if name == "structural_tag":  # lowered to its `ebnf` grammar when SamplingParams are built
+        from radixlm.constrained.structural_tag import structural_tag_to_lark
+
+        assert SamplingParams.from_dict(values).to_dict()["ebnf"] == structural_tag_to_lark(VALUES[name])
+        return
     assert SamplingParams.from_dict(values).to_dict()[name] == SamplingParams(**VALUES).to_dict()[name]
 
 
@@ -154,3 +163,4 @@ def test_frontend_sends_ebnf(entry):
         params = _plain_gen._split_options({"ebnf": VALUES["ebnf"]})[0]
     assert isinstance(params, GenParams)
     assert params.to_native_sampling_params()["ebnf"] == VALUES["ebnf"]
+
