@@ -1,19 +1,22 @@
 """SamplingParams: the one definition of how a request samples, shared by lang/, runtime/ and the server.
 
-Runs wherever a request is built (user process, HTTP process, scheduler). Validation raises ValueError
-whose message names the offending field, so the server can map it to a 400 with `param` set.
+A msgspec Struct, so it crosses processes typed (runtime/messages.py) and HTTP bodies decode straight into
+it. Validated ONCE, where a request enters (runtime/generate_input.py: the Engine and the server's
+tokenizer manager): `SamplingParamsIn` is the client-facing shape (every field optional, `null` = the
+default, the accepted short forms such as one stop string), `SamplingParamsIn.to_params()` checks it and
+returns the canonical SamplingParams that the scheduler and the detokenizer use as they are. Errors are
+InvalidRequestErrors naming the field, so the server maps them to a 400 with `param` set.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Optional, Union
 
+import msgspec
 import regex
 
-from radixlm.errors import InvalidRequestError
+from radixlm.errors import InvalidRequestError, from_validation_error
 
 # Limits from docs/robustness.md (configurable at the server; these are the defaults).
 MAX_STOP_STRINGS = 16
@@ -31,8 +34,9 @@ class SamplingParamError(InvalidRequestError):
         super().__init__(f"{param}: {message}", param=param)
 
 
-@dataclass
-class SamplingParams:
+class SamplingParams(msgspec.Struct, omit_defaults=True):
+    """Canonical (normalized) values; omit_defaults: only the fields a request changed go on the wire."""
+
     max_new_tokens: int = 128
     min_new_tokens: int = 0
     temperature: float = 1.0
@@ -42,52 +46,48 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    stop_regex: list[str] = field(default_factory=list)
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    stop_regex: list[str] = []
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: int = 1
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    sampling_seed: int | None = None
-    regex: str | None = None
-    json_schema: str | None = None
-    ebnf: str | None = None
+    logit_bias: dict[int, float] = {}
+    sampling_seed: Optional[int] = None
+    regex: Optional[str] = None
+    json_schema: Optional[str] = None
+    ebnf: Optional[str] = None
     # Set by the frontend's select / choices=: generate exactly one of these strings.
-    choices: list[str] | None = None
+    choices: Optional[list[str]] = None
     # SGLang's structural_tag (JSON text or object): normalize() turns it into `ebnf` (llguidance Lark).
     structural_tag: Any = None
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
-        """Build from a native-API dict. Unknown keys raise; `null` means "use the default"."""
+        """Validate a Python dict (the Engine's and the frontend's `sampling_params`) exactly as an HTTP
+        body is: msgspec converts it to SamplingParamsIn (types, unknown keys), then to_params() checks it."""
         if d is None:
             return cls()
         if not isinstance(d, dict):
             raise SamplingParamError("sampling_params", "must be an object")
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in d.items():
-            if key not in names:
-                raise SamplingParamError(str(key), "unknown sampling parameter")
-            if value is not None:
-                kwargs[key] = value
-        params = cls(**kwargs)
-        params.normalize()
-        return params
+        try:
+            raw = msgspec.convert(d, SamplingParamsIn, str_keys=True)  # str_keys: {"5": 1.0} as JSON sends it
+        except msgspec.ValidationError as exc:
+            raise from_validation_error(exc) from None
+        return raw.to_params()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return msgspec.structs.asdict(self)
 
     def copy(self, **changes: Any) -> "SamplingParams":
-        return dataclasses.replace(self, **changes)
+        return msgspec.structs.replace(self, **changes)
 
     # ---- validation ---------------------------------------------------------------------------
     def normalize(self) -> None:
-        """Coerce accepted shapes (a single stop string, str logit_bias keys) and check every range."""
+        """Coerce the accepted short forms (one stop string, one stop token id) and check every range."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if isinstance(self.stop_regex, str):
@@ -114,32 +114,13 @@ class SamplingParams:
         self.structural_tag = None  # lowered once: to_dict() -> from_dict() keeps just the ebnf
 
     def _check_types(self) -> None:
-        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
-            _require_int(name, getattr(self, name))
-        if self.sampling_seed is not None:
-            _require_int("sampling_seed", self.sampling_seed)
+        """What msgspec's type check cannot say: finite floats (a Python caller can pass NaN), a non-empty
+        choices list; ints for floats become floats."""
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
                      "repetition_penalty"):
             setattr(self, name, _require_float(name, getattr(self, name)))
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
-            if not isinstance(getattr(self, name), bool):
-                raise SamplingParamError(name, "must be a boolean")
-        for name in ("stop", "stop_regex"):
-            value = getattr(self, name)
-            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-                raise SamplingParamError(name, "must be a string or a list of strings")
-        if not isinstance(self.stop_token_ids, list):
-            raise SamplingParamError("stop_token_ids", "must be a list of integers")
-        for tid in self.stop_token_ids:
-            _require_int("stop_token_ids", tid)
-        for name in ("regex", "json_schema", "ebnf"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise SamplingParamError(name, "must be a string")
-        if self.choices is not None:
-            if not isinstance(self.choices, list) or not self.choices or \
-                    not all(isinstance(c, str) for c in self.choices):
-                raise SamplingParamError("choices", "must be a non-empty list of strings")
+        if self.choices is not None and not self.choices:
+            raise SamplingParamError("choices", "must be a non-empty list of strings")
 
     def _check_ranges(self) -> None:
         if self.max_new_tokens < 0:
@@ -217,12 +198,6 @@ class SamplingParams:
         return any(x is not None for x in (self.regex, self.json_schema, self.ebnf, self.choices))
 
 
-def _require_int(name: str, value: Any) -> None:
-    # bool is an int subclass; a JSON `true` must not pass as 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SamplingParamError(name, "must be an integer")
-
-
 def _require_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SamplingParamError(name, "must be a number")
@@ -232,16 +207,32 @@ def _require_float(name: str, value: Any) -> float:
     return value
 
 
-def _parse_logit_bias(bias: Any) -> dict[int, float]:
-    if bias is None:
-        return {}
-    if not isinstance(bias, dict):
-        raise SamplingParamError("logit_bias", "must be an object mapping token ids to biases")
-    out: dict[int, float] = {}
-    for key, value in bias.items():
-        try:
-            tid = int(key)
-        except (TypeError, ValueError):
-            raise SamplingParamError("logit_bias", f"key {key!r} is not a token id") from None
-        out[tid] = _require_float("logit_bias", value)
-    return out
+def _parse_logit_bias(bias: dict[int, float]) -> dict[int, float]:
+    return {int(tid): _require_float("logit_bias", value) for tid, value in bias.items()}
+
+
+# The client-facing shape, derived from SamplingParams (one list of fields): every field optional, where a
+# missing field or `null` means SamplingParams' default, and the short forms clients send (one stop string,
+# one stop token id). Unknown fields are a 400 naming the field.
+_ACCEPTED_SHORT_FORMS: dict[str, Any] = {"stop": Union[str, list[str]], "stop_regex": Union[str, list[str]],
+                                         "stop_token_ids": Union[int, list[int]]}
+
+
+def _in_field(f: msgspec.structs.FieldInfo) -> tuple[str, Any, None]:
+    default = f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+    hint = Optional[_ACCEPTED_SHORT_FORMS.get(f.name, f.type)]
+    return f.name, Annotated[hint, msgspec.Meta(description=f"default: {default!r}")], None
+
+
+def _to_params(self: Any) -> SamplingParams:
+    """Check the request's values (once, at the edge) and return the canonical SamplingParams."""
+    given = {name: getattr(self, name) for name in self.__struct_fields__}
+    params = SamplingParams(**{k: v for k, v in given.items() if v is not None})
+    params.normalize()
+    return params
+
+
+SamplingParamsIn = msgspec.defstruct(
+    "SamplingParamsIn", [_in_field(f) for f in msgspec.structs.fields(SamplingParams)],
+    namespace={"to_params": _to_params, "__doc__": "The `sampling_params` object of a request."},
+    forbid_unknown_fields=True, module=__name__)

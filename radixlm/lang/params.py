@@ -14,9 +14,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import msgspec
+
 from radixlm.sampling_params import SamplingParams
 
-SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SamplingParams))
+SAMPLING_FIELDS: tuple[str, ...] = SamplingParams.__struct_fields__
 # SGLang's frontend spells these SamplingParams fields differently in gen().
 GEN_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 LOGPROB_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
@@ -110,7 +112,7 @@ class GenParams:
             changes["stop"] = [*stop_list(changes.get("stop", self.sampling.stop)), *extra_stop]
             explicit |= {"stop"}
         frontend = {n: getattr(override, n) for n in FRONTEND_FIELDS if getattr(override, n) is not None}
-        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, **changes),
+        return dataclasses.replace(self, sampling=msgspec.structs.replace(self.sampling, **changes),
                                    explicit=explicit, **frontend)
 
     def with_dtype_applied(self) -> "GenParams":
@@ -122,7 +124,7 @@ class GenParams:
             raise ValueError(f"dtype: unsupported dtype {self.dtype!r}; use int, float, str or bool")
         regex, ends_on_space = _DTYPE_REGEX[name]
         stop = stop_list(self.sampling.stop) + ([" ", "\n"] if ends_on_space else [])
-        sampling = dataclasses.replace(self.sampling, regex=regex, stop=stop)
+        sampling = msgspec.structs.replace(self.sampling, regex=regex, stop=stop)
         return dataclasses.replace(self, sampling=sampling, explicit=self.explicit | {"regex", "stop"}, dtype=None)
 
     def to_native_sampling_params(self) -> dict[str, Any]:

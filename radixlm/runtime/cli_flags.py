@@ -1,4 +1,4 @@
-"""Command-line flags generated from the frozen config dataclasses and from SamplingParams.
+"""Command-line flags generated from the frozen config dataclasses and from SamplingParams (a msgspec Struct).
 
 Runs in the user's process. Every field of ModelConfig, CacheConfig, SchedulerConfig, GrammarConfig
 (engine flags), ServerConfig (server flags) and SamplingParams (`radixlm generate` / `chat`) gets a flag
@@ -15,6 +15,8 @@ import types
 import typing
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from radixlm.runtime.config import CacheConfig, GrammarConfig, ModelConfig, SchedulerConfig, ServerConfig
 from radixlm.sampling_params import SamplingParams
@@ -85,15 +87,15 @@ def add_dataclass_flags(parser: argparse.ArgumentParser | Any, cls: type,
                         extras: dict[str, FlagExtra] = _EXTRAS, skip: tuple[str, ...] = ()) -> None:
     """One flag per field of `cls` (dest = the field name)."""
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
+    for name, field_default in _fields(cls):
+        if name in skip:
             continue
-        extra = extras.get(f.name, FlagExtra())
-        default = _field_default(f) if extra.default is _FIELD_DEFAULT else extra.default
-        kwargs: dict[str, Any] = dict(dest=f.name, help=extra.help, **_type_kwargs(hints[f.name], default))
+        extra = extras.get(name, FlagExtra())
+        default = field_default if extra.default is _FIELD_DEFAULT else extra.default
+        kwargs: dict[str, Any] = dict(dest=name, help=extra.help, **_type_kwargs(hints[name], default))
         if extra.choices is not None:
             kwargs["choices"] = extra.choices
-        parser.add_argument(*flag_names(f.name, extras), **kwargs)
+        parser.add_argument(*flag_names(name, extras), **kwargs)
 
 
 def dataclass_values(args: argparse.Namespace, cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -117,14 +119,16 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
 
 def sampling_values(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling_params dict of the request: the flags given (None = SamplingParams' default)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplingParams)}
+    values = {name: getattr(args, name) for name in SamplingParams.__struct_fields__}
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _field_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return None  # a default_factory (an empty list / dict): "not given" on the command line
+def _fields(cls: type) -> list[tuple[str, Any]]:
+    """(name, default) of a config dataclass's or a msgspec Struct's (SamplingParams) fields; a default
+    factory (an empty list / dict) is None: "not given" on the command line."""
+    if dataclasses.is_dataclass(cls):
+        return [(f.name, None if f.default is dataclasses.MISSING else f.default) for f in dataclasses.fields(cls)]
+    return [(f.name, None if f.default is msgspec.NODEFAULT else f.default) for f in msgspec.structs.fields(cls)]
 
 
 def _type_kwargs(hint: Any, default: Any) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from radixlm.runtime.messages import (BatchStrOut, BatchTokenOut, ControlReq, Co
                                       ProcessReady, StrOut, TokenOut, encode)
 from radixlm.runtime.proc import IpcAddrs
 from radixlm.runtime.response import ResponseState
-from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger("radixlm.detokenizer")
 
@@ -76,8 +75,7 @@ class Detokenizer:
         return ControlResp(msg.req_id, False, error=f"unknown control request {msg.kind!r}")
 
     def _register(self, msg: GenerateReq) -> None:
-        params = SamplingParams.from_dict(msg.req.sampling_params)
-        prepared = PreparedReq(0, msg.req, params, msg.return_text_in_logprobs)
+        prepared = PreparedReq(0, msg.req, msg.req.sampling_params, msg.return_text_in_logprobs)  # validated
         for rid in msg.child_rids:
             self.states[rid] = ResponseState(rid, prepared, self.tokenizer)
 
@@ -90,7 +88,7 @@ class Detokenizer:
         if state.finished:
             del self.states[out.rid]
             self.sent_chars.pop(out.rid, None)
-            return StrOut(out.rid, len(out.new_ids), True, _finish_payload(state, out, streaming))
+            return StrOut(out.rid, len(out.new_ids), True, state.to_dict(streaming=streaming), error=out.error)
         if not streaming:
             return StrOut(out.rid, len(out.new_ids), False)
         return StrOut(out.rid, len(out.new_ids), False, self._delta(state, out), delta=True,
@@ -106,12 +104,3 @@ class Detokenizer:
         payload["output_ids"] = list(out.new_ids)
         return payload
 
-
-def _finish_payload(state: ResponseState, out: TokenOut, streaming: bool) -> dict[str, Any]:
-    payload = state.to_dict(streaming=streaming)
-    if out.error:  # refused (queue_full -> 503, invalid_grammar -> 400, ...): the route turns it into an error
-        meta = payload["meta_info"]
-        meta["error_code"] = out.error.get("code") or "invalid_value"
-        meta["error_param"] = out.error.get("param")
-        meta["error_message"] = out.error.get("message")
-    return payload

@@ -16,7 +16,7 @@ from radixlm.runtime.builder import build_scheduler
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.engine_loop import EngineLoop
 from radixlm.runtime.generate_input import PreparedReq, prepare_generate
-from radixlm.runtime.messages import GenerateReq
+from radixlm.runtime.messages import GenerateReq, RequestError
 from radixlm.runtime.response import ResponseState
 from radixlm.runtime.scheduler import info
 
@@ -144,12 +144,11 @@ class Engine:
             pass
 
 
-def _refused(error: dict[str, Any]) -> Exception:
+def _refused(error: RequestError) -> Exception:
     """The scheduler refused or failed the request: a full queue is OverflowError, a failed step RuntimeError,
     anything else (e.g. a grammar that does not compile) the caller's 400, InvalidRequestError."""
-    code = error.get("code") or "invalid_value"
-    if code == "queue_full":
-        return OverflowError(error["message"])
-    if code == "internal_error":
-        return RuntimeError(error["message"])
-    return InvalidRequestError(error["message"], error.get("param"), code)
+    if error.code == "queue_full":
+        return OverflowError(error.message)
+    if error.status >= 500:
+        return RuntimeError(error.message)
+    return InvalidRequestError(error.message, error.param, error.code)

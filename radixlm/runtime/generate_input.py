@@ -1,7 +1,9 @@
 """Turn a native /generate-style input (single or batch, text or ids) into validated TokenizedGenerateReqs.
 
-Runs where requests enter: the in-process Engine, and the server's tokenizer manager. Every client
-mistake raises InvalidRequestError naming the field, before anything reaches the scheduler.
+Runs where requests enter: the in-process Engine, and the server's tokenizer manager. This is the one
+place sampling params are validated: every client mistake raises InvalidRequestError naming the field,
+before anything reaches the scheduler, and the message carries the checked SamplingParams Struct, which
+the scheduler and the detokenizer use as they are.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from radixlm.errors import ContextLengthError, InvalidRequestError
 from radixlm.runtime.messages import TokenizedGenerateReq
-from radixlm.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from radixlm.sampling_params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsIn
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,12 @@ def prepare_generate(tokenizer, limits: InputLimits, *, text: Any = None, input_
     rids = _per_item(rid, count, "rid") if rid is not None else [None] * count
     out = []
     for i, ids in enumerate(prompts):
-        params = SamplingParams.from_dict(params_list[i])
+        params = _params(params_list[i])
         params.verify_vocab(limits.vocab_size)
         _check_lengths(ids, params, limits)
         msg = TokenizedGenerateReq(
             rid=str(rids[i]) if rids[i] is not None else uuid.uuid4().hex,
-            input_ids=ids, sampling_params=params.to_dict(), namespace=namespace,
+            input_ids=ids, sampling_params=params, namespace=namespace,
             return_logprob=_bool(logprob_flags[i], "return_logprob"),
             logprob_start_len=_int(starts[i], "logprob_start_len", -1, len(ids)),
             top_logprobs_num=_int(tops[i], "top_logprobs_num", 0, MAX_TOP_LOGPROBS),
@@ -61,6 +63,13 @@ def prepare_generate(tokenizer, limits: InputLimits, *, text: Any = None, input_
             stream=bool(stream))
         out.append(PreparedReq(i, msg, params, bool(return_text_in_logprobs)))
     return out, is_batch
+
+
+def _params(value: Any) -> SamplingParams:
+    """A decoded HTTP body's SamplingParamsIn, or a Python dict (Engine, frontend; None = defaults)."""
+    if isinstance(value, SamplingParamsIn):
+        return value.to_params()
+    return SamplingParams.from_dict(value)
 
 
 def _prompts(tokenizer, limits: InputLimits, text: Any, input_ids: Any) -> tuple[list[list[int]], bool]:

@@ -6,19 +6,51 @@ Engine passes the same structs without encoding them.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 import msgspec
+
+from radixlm.sampling_params import SamplingParams
 
 # A logprob entry: [logprob | None, token_id]; text is attached later by the detokenizer if asked.
 LogprobEntry = tuple[Optional[float], int]
 TopLogprobs = Optional[list[tuple[float, int]]]
 
 
+# ---- how a request ends, and why it failed (typed, shared by every process and the Engine) ---------
+class FinishReason(msgspec.Struct):
+    """Why a request finished: stop (matched: the stop string, stop_regex pattern or token id, None for
+    eos), length (length: the max_new_tokens reached), abort (message)."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: Union[int, str, None] = None
+    length: Optional[int] = None
+    message: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The native meta_info.finish_reason shape (wire-protocol.md)."""
+        if self.type == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.length}
+        return {"type": "abort", "message": self.message}
+
+
+class RequestError(msgspec.Struct):
+    """A request the scheduler refused or failed (it then also finishes as an abort). Set where the failure
+    happens, carried typed to the HTTP route, which answers `status` with the error envelope
+    (robustness.md); the Engine raises it (engine.py)."""
+
+    code: str  # e.g. invalid_grammar, grammar_too_large, queue_full, internal_error, server_unhealthy
+    message: str  # what the client is told (no internals)
+    param: Optional[str] = None
+    status: int = 400  # 400: the client's mistake; 503: overloaded or unhealthy; 500: a server bug
+
+
 class TokenizedGenerateReq(msgspec.Struct, tag=True):
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # SamplingParams.to_dict(), already validated
+    sampling_params: SamplingParams  # validated once where the request entered (generate_input.py)
     namespace: str = ""  # radix-cache namespace decided by the server (tenant), never by the client
     return_logprob: bool = False
     logprob_start_len: int = -1
@@ -44,7 +76,7 @@ class TokenOut(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    finish: Optional[dict[str, Any]] = None  # FinishReason.to_json() when finished
+    finish: Optional[FinishReason] = None  # set when finished
     output_logprobs: list[LogprobEntry] = []
     output_top_logprobs: list[TopLogprobs] = []
     output_ids_logprobs: list[TopLogprobs] = []
@@ -55,9 +87,8 @@ class TokenOut(msgspec.Struct):
     # Jump-forward may re-tokenize the tail: drop this many previously sent tokens before appending
     # new_ids (the decoded text still only grows).
     num_rollback: int = 0
-    # A request that failed before running (e.g. its grammar did not compile): {message, param, code},
-    # reported to the client as a 400; finish is then an abort.
-    error: Optional[dict[str, Any]] = None
+    # A request that was refused or failed (e.g. its grammar did not compile); finish is then an abort.
+    error: Optional[RequestError] = None
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):
@@ -132,7 +163,8 @@ class StrOut(msgspec.Struct, omit_defaults=True):
     the last `num_rollback` ids sent, see TokenOut.num_rollback), so bytes per update do not grow with the
     output; the tokenizer manager reassembles the cumulative shape (server/stream_assembly.py). A
     non-streaming request's earlier updates carry None, so the tokenizer manager can still time first
-    and later tokens."""
+    and later tokens. A refused or failed request's final update carries `error`: the route answers
+    it with error.status (the payload is never inspected for errors)."""
 
     rid: str
     num_new_tokens: int
@@ -140,6 +172,7 @@ class StrOut(msgspec.Struct, omit_defaults=True):
     payload: Optional[dict[str, Any]] = None
     delta: bool = False
     num_rollback: int = 0
+    error: Optional[RequestError] = None  # set on the final update of a refused or failed request
 
 
 class BatchStrOut(msgspec.Struct, tag=True):

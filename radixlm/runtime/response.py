@@ -15,7 +15,7 @@ from radixlm.constrained.validate import JsonCheck, check_json_output
 from radixlm.runtime.generate_input import PreparedReq
 from radixlm.runtime.incremental_detok import (IncrementalDecoder, find_stop, find_stop_regex, holdback_len,
                                                regex_holdback_len)
-from radixlm.runtime.messages import TokenOut
+from radixlm.runtime.messages import FinishReason, RequestError, TokenOut
 
 
 class ResponseState:
@@ -29,8 +29,8 @@ class ResponseState:
                                           self.params.spaces_between_special_tokens)
         self.output_ids: list[int] = []
         self.text = ""
-        self.finish: dict[str, Any] | None = None
-        self.error: dict[str, Any] | None = None  # {message, param, code} when the request was refused
+        self.finish: FinishReason | None = None
+        self.error: RequestError | None = None  # set when the request was refused or failed
         self.last: TokenOut | None = None
         self.json_check: JsonCheck | None = None  # set when a json_schema request finishes
         self.start = time.perf_counter()
@@ -52,7 +52,7 @@ class ResponseState:
         self.output_ids.extend(out.new_ids)
         text_ids = out.new_ids
         finish = out.finish
-        stop_token = finish is not None and finish["type"] == "stop" and isinstance(finish.get("matched"), int)
+        stop_token = finish is not None and finish.type == "stop" and isinstance(finish.matched, int)
         if stop_token and not self.params.no_stop_trim and text_ids:
             text_ids = text_ids[:-1]  # the matched stop token is not part of the text
         before = len(self.decoder.text)
@@ -60,14 +60,14 @@ class ResponseState:
         if finish is not None:
             self.decoder.flush()
         self.text = self.decoder.text
-        if finish is not None and finish["type"] == "stop" and isinstance(finish.get("matched"), str):
+        if finish is not None and finish.type == "stop" and isinstance(finish.matched, str):
             if not self.params.no_stop_trim:
-                hit = self._find_matched(finish["matched"], before)
+                hit = self._find_matched(finish.matched, before)
                 if hit is not None:
                     self.text = self.text[: hit[1]]
         self.finish = finish
-        if finish is not None and finish["type"] != "abort" and self.error is None and self.params.json_schema:
-            self.json_check = check_json_output(self.params.json_schema, self.text, finish["type"] != "length")
+        if finish is not None and finish.type != "abort" and self.error is None and self.params.json_schema:
+            self.json_check = check_json_output(self.params.json_schema, self.text, finish.type != "length")
         self._add_logprobs(out)
 
     def _find_matched(self, matched: str, before: int) -> tuple[str, int] | None:
@@ -118,7 +118,7 @@ class ResponseState:
         msg, last = self.prepared.msg, self.last
         meta: dict[str, Any] = {
             "id": self.rid,
-            "finish_reason": self.finish,
+            "finish_reason": self.finish.to_json() if self.finish else None,
             "prompt_tokens": len(msg.input_ids),
             "completion_tokens": len(self.output_ids),
             "cached_tokens": last.cached_tokens if last else 0,

@@ -9,6 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_messages
+from radixlm.runtime.server.bodies import CompletionBody, decode_body
 from radixlm.runtime.server.openai_format import sampling_params
 
 from .conftest import TENANT_KEYS
@@ -141,13 +142,17 @@ def test_errors_use_openai_shapes(oai, model):
         openai.OpenAI(base_url=oai.base_url, api_key="wrong", max_retries=0).models.list()
 
 
+def _body(obj: dict) -> CompletionBody:
+    return decode_body(json.dumps(obj).encode(), CompletionBody)  # as the route decodes it
+
+
 def test_response_format_conversion():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    params = sampling_params({"response_format": fmt, "seed": 5, "min_tokens": 2, "logit_bias": {"7": 1.5}}, 8)
+    params = sampling_params(_body({"response_format": fmt, "seed": 5, "min_tokens": 2, "logit_bias": {"7": 1.5}}), 8)
     assert json.loads(params["json_schema"]) == schema
     assert params["sampling_seed"] == 5 and params["min_new_tokens"] == 2 and params["logit_bias"] == {7: 1.5}
-    assert json.loads(sampling_params({"response_format": {"type": "json_object"}}, 8)["json_schema"]) == {
+    assert json.loads(sampling_params(_body({"response_format": {"type": "json_object"}}), 8)["json_schema"]) == {
         "type": "object"}
 
 

@@ -37,7 +37,7 @@ CLI_ARGS: dict[str, list[str]] = {
     "choices": ["--choices", "yes", "--choices", "no"],
     "structural_tag": ["--structural-tag", json.dumps(VALUES["structural_tag"])],
 }
-FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
+FIELDS = list(SamplingParams.__struct_fields__)
 
 
 def test_the_table_covers_every_field():

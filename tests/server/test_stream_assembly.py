@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from radixlm.runtime.detokenizer import Detokenizer
 from radixlm.runtime.generate_input import InputLimits, prepare_generate
-from radixlm.runtime.messages import BatchTokenOut, GenerateReq, TokenOut, encode
+from radixlm.runtime.messages import BatchTokenOut, FinishReason, GenerateReq, TokenOut, encode
 from radixlm.runtime.response import ResponseState
 from radixlm.runtime.server.stream_assembly import StreamAssembler
 
@@ -54,7 +54,7 @@ def test_assembled_stream_equals_the_cumulative_response(tokenizer, stop):
         want = reference.to_dict(streaming=True)
         got["meta_info"].pop("e2e_latency"), want["meta_info"].pop("e2e_latency")
         assert got == want
-    final = TokenOut("r", [], 2, 60, 0, {"type": "length", "length": 60})
+    final = TokenOut("r", [], 2, 60, 0, FinishReason("length", length=60))
     reference.update(final)
     (last,) = detok.handle(BatchTokenOut([final])).outputs
     assert last.finished and not last.delta and assembler.assemble(last)["text"] == reference.text

@@ -21,8 +21,8 @@ import zmq
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.builder import build_scheduler
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.messages import (AbortReq, ControlReq, ControlResp, GenerateReq, Heartbeat, ProcessReady,
-                                      TokenizedGenerateReq, TokenOut, encode)
+from radixlm.runtime.messages import (AbortReq, ControlReq, ControlResp, FinishReason, GenerateReq, Heartbeat,
+                                      ProcessReady, RequestError, TokenizedGenerateReq, TokenOut, encode)
 from radixlm.runtime.proc import IpcAddrs
 from radixlm.runtime.scheduler.info import live_info, model_info
 from radixlm.runtime.scheduler.request import Req
@@ -72,11 +72,15 @@ def run_scheduler_process(config: EngineConfig, addrs: IpcAddrs, parent_pid: int
         ctx.destroy(linger=0)
 
 
-def _rejection(msg: GenerateReq, rid: str, message: str, code: str, param: str | None = None) -> TokenOut:
+def _rejection(msg: GenerateReq, rid: str, reason: str, error: RequestError) -> TokenOut:
     """The terminal output of a request the scheduler would not take (invariant 4: exactly one)."""
     return TokenOut(rid=rid, new_ids=[], prompt_tokens=len(msg.req.input_ids), completion_tokens=0,
-                    cached_tokens=0, finish={"type": "abort", "message": message},
-                    error={"message": message, "param": param, "code": code})
+                    cached_tokens=0, finish=FinishReason("abort", message=reason), error=error)
+
+
+# What the client is told when the scheduler fails a request (the finish message keeps the detail).
+QUEUE_FULL = RequestError("queue_full", "server overloaded: the waiting queue is full", None, 503)
+INTERNAL_ERROR = RequestError("internal_error", "internal server error", None, 500)
 
 
 class SchedulerLoop:
@@ -130,17 +134,16 @@ class SchedulerLoop:
     def _add(self, msg: GenerateReq) -> None:
         self.transport.announce(msg)
         rejected = []
-        for child, rid in enumerate(msg.child_rids):
+        for child, rid in enumerate(msg.child_rids):  # params were validated where the request entered
             try:
-                params = SamplingParams.from_dict(msg.req.sampling_params)
-                self.scheduler.add_request(self.make_req(msg.req, params, rid, child))
+                self.scheduler.add_request(self.make_req(msg.req, msg.req.sampling_params, rid, child))
             except OverflowError:
-                rejected.append(_rejection(msg, rid, "the waiting queue is full", "queue_full"))
+                rejected.append(_rejection(msg, rid, "the waiting queue is full", QUEUE_FULL))
             except InvalidRequestError as exc:  # e.g. a grammar that does not compile: the client's 400
-                rejected.append(_rejection(msg, rid, str(exc), exc.code, exc.param))
+                rejected.append(_rejection(msg, rid, str(exc), RequestError(exc.code, str(exc), exc.param)))
             except Exception as exc:
                 logger.exception("could not add request %s", rid)
-                rejected.append(_rejection(msg, rid, f"internal error ({type(exc).__name__})", "internal_error"))
+                rejected.append(_rejection(msg, rid, f"internal error ({type(exc).__name__})", INTERNAL_ERROR))
         self.transport.send_outputs(rejected)
 
     def _step(self) -> None:
@@ -150,7 +153,7 @@ class SchedulerLoop:
             logger.exception("scheduler step failed")
             outputs = self.scheduler.abort_all(f"internal error ({type(exc).__name__})")
             for out in outputs:
-                out.error = {"message": "internal error", "param": None, "code": "internal_error"}
+                out.error = INTERNAL_ERROR
         self.status.on_outputs(outputs)
         self.transport.send_outputs(outputs)
 

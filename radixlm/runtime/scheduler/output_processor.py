@@ -199,7 +199,7 @@ class OutputProcessor:
         acc = req.logprobs
         out = TokenOut(rid=req.rid, new_ids=new_ids, prompt_tokens=len(req.input_ids),
                        completion_tokens=len(req.output_ids), cached_tokens=req.cached_len,
-                       finish=req.finish.to_json() if req.finish else None,
+                       finish=req.finish,
                        num_jump_forward_tokens=req.num_jump_forward_tokens, num_rollback=rollback)
         if req.logprob.return_logprob:
             k = len(new_ids)

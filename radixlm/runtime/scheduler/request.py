@@ -11,25 +11,8 @@ from typing import Any
 
 import torch
 
+from radixlm.runtime.messages import FinishReason  # noqa: F401 - the scheduler's name for it
 from radixlm.sampling_params import SamplingParams
-
-
-@dataclass
-class FinishReason:
-    type: str  # stop | length | abort
-    matched: int | str | None = None  # stop string or token id (type == "stop")
-    length: int | None = None  # type == "length"
-    message: str | None = None  # type == "abort"
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type}
-        if self.type == "stop":
-            out["matched"] = self.matched
-        elif self.type == "length":
-            out["length"] = self.length
-        else:
-            out["message"] = self.message
-        return out
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections import deque
 
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.forward import PlannedRow
-from radixlm.runtime.messages import TokenOut
+from radixlm.runtime.messages import RequestError, TokenOut
 from radixlm.runtime.model.model_runner import ModelRunner
 from radixlm.runtime.scheduler.batch import build_forward_batch
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
@@ -129,8 +129,7 @@ class Scheduler:
         for req, exc in failed:
             req.finish = FinishReason("abort", message=str(exc))
             out = self.out.make_output(req, [])
-            out.error = {"message": str(exc), "param": getattr(exc, "param", None),
-                         "code": getattr(exc, "code", "invalid_grammar")}
+            out.error = RequestError(getattr(exc, "code", "invalid_grammar"), str(exc), getattr(exc, "param", None))
             outputs.append(out)
         return outputs
 

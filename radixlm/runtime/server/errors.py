@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.errors import InvalidRequestError
+from radixlm.runtime.messages import RequestError
 
 logger = logging.getLogger("radixlm.server")
 
@@ -23,11 +24,6 @@ _TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 40
                    404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
                    503: "service_unavailable"}
 RETRY_AFTER_S = "1"
-# Codes the scheduler may attach to an abort finish; anything else it attaches is the client's fault (400,
-# e.g. a grammar that fails to compile), with the finish message as the error message.
-SERVER_SIDE_CODES = {"queue_full": (503, "server overloaded: the waiting queue is full"),
-                     "server_unhealthy": (503, "the server is unhealthy"),
-                     "internal_error": (500, "internal server error")}
 
 
 class APIError(Exception):
@@ -57,6 +53,11 @@ def error_bytes(status: int, message: str, param: str | None = None, code: str |
 
 def from_invalid(exc: InvalidRequestError) -> APIError:
     return APIError(400, str(exc), exc.param, exc.code)
+
+
+def from_request_error(err: RequestError) -> APIError:
+    """A request the scheduler refused or failed (messages.RequestError, typed end to end)."""
+    return APIError(err.status, err.message, err.param, err.code)
 
 
 def install_error_handlers(app: FastAPI) -> None:

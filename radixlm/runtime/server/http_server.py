@@ -1,9 +1,10 @@
 """The FastAPI app (middleware, error handlers, the routers of native_api.py, openai_api.py and admin.py)
 and what the routes share: body parsing, waiting for results, the streaming helpers.
 
-Runs in the HTTP process. Request bodies are parsed here (not by FastAPI models) so that every client
-mistake (NaN, invalid UTF-8, wrong top-level type, unknown sampling key) is a 400 in the error
-envelope; validation and tokenization are runtime/generate_input.py's, shared with the Engine.
+Runs in the HTTP process. Request bodies are read here and decoded by msgspec into the Structs of
+server/bodies.py (not by FastAPI models), so that every client mistake (NaN, invalid UTF-8, wrong
+top-level type, a field of the wrong type, unknown sampling key) is a 400 in the error envelope; value
+validation and tokenization are runtime/generate_input.py's, shared with the Engine.
 """
 
 from __future__ import annotations
@@ -11,19 +12,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 from fastapi import FastAPI, Request
 
 from radixlm.runtime.messages import StrOut
+from radixlm.runtime.server.bodies import decode_body
 from radixlm.runtime.server.context import AppContext
-from radixlm.runtime.server.errors import SERVER_SIDE_CODES, APIError, error_body, install_error_handlers
+from radixlm.runtime.server.errors import APIError, error_body, from_request_error, install_error_handlers
 from radixlm.runtime.server.middleware import AuthMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from radixlm.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
 
 logger = logging.getLogger("radixlm.server")
 
 _JSON_TYPES = ("application/json", "text/plain", "application/x-www-form-urlencoded")
+T = TypeVar("T")
 
 
 # ---- request parsing ------------------------------------------------------------------------------
@@ -31,15 +34,26 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json(request: Request, allow_empty: bool = False) -> Any:
+async def _raw_body(request: Request, allow_empty: bool = False) -> bytes:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype and ctype not in _JSON_TYPES and not ctype.endswith("+json"):
         raise APIError(400, "the body must be JSON (Content-Type: application/json)", None, "invalid_content_type")
     body = await request.body()
-    if not body.strip():
-        if allow_empty:
-            return {}
+    if not body.strip() and not allow_empty:
         raise APIError(400, "the request body is empty", None, "invalid_json")
+    return body
+
+
+async def read_body(request: Request, body_type: type[T]) -> T:
+    """A /generate or /v1 body decoded into its Struct (server/bodies.py maps every decode error)."""
+    return decode_body(await _raw_body(request), body_type)
+
+
+async def read_json(request: Request, allow_empty: bool = False) -> Any:
+    """The small management bodies (abort, concate_and_append) as plain JSON."""
+    body = await _raw_body(request, allow_empty)
+    if not body.strip():
+        return {}
     try:
         return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
@@ -87,23 +101,12 @@ async def wait_results(request: Request, tm: TokenizerManager, handle: RequestHa
             tm.abort(handle)
 
 
-def result_error(result: dict[str, Any]) -> APIError | None:
-    meta = result.get("meta_info", {})
-    code = meta.get("error_code")
-    if not code:
-        return None
-    if code in SERVER_SIDE_CODES:
-        status, message = SERVER_SIDE_CODES[code]
-        return APIError(status, message, None, code)
-    message = meta.get("error_message") or (meta.get("finish_reason") or {}).get("message") or "invalid request"
-    return APIError(400, message, meta.get("error_param"), code)
-
-
-def raise_for_server_errors(results: list[dict[str, Any]]) -> None:
-    for res in results:
-        err = result_error(res)
+def raise_for_errors(handle: RequestHandle) -> None:
+    """A finished request that the scheduler refused or failed: its (first) error as the route's answer."""
+    for rid in handle.rids:
+        err = handle.errors.get(rid)
         if err is not None:
-            raise err
+            raise from_request_error(err)
 
 
 def stream_error(err: APIError) -> bytes:
@@ -136,10 +139,9 @@ async def open_stream(request: Request, tm: TokenizerManager, handle: RequestHan
         watcher.cancel()
         first.cancel()
     item = first.result()
-    err = result_error(item[1].payload) if item[1].payload else None
-    if err is not None:
+    if item[1].error is not None:
         tm.abort(handle)
-        raise err
+        raise from_request_error(item[1].error)
 
     async def chain() -> Events:
         yield item
@@ -153,11 +155,10 @@ async def native_stream(tm: TokenizerManager, handle: RequestHandle, events: Eve
     multi = len(handle.rids) > 1
     try:
         async for index, out in events:
-            if out.payload is None:
+            if out.error is not None:
+                yield stream_error(from_request_error(out.error))
                 continue
-            err = result_error(out.payload)
-            if err is not None:
-                yield stream_error(err)
+            if out.payload is None:
                 continue
             yield sse({**out.payload, "index": index} if multi else out.payload)
         yield SSE_DONE
@@ -170,14 +171,17 @@ async def native_stream(tm: TokenizerManager, handle: RequestHandle, events: Eve
 def create_app(ctx: AppContext) -> FastAPI:
     # The route modules import this one's helpers, so they load here, once the helpers exist.
     from radixlm.runtime.server.admin import router as admin_router
+    from radixlm.runtime.server.native_api import VERSION
     from radixlm.runtime.server.native_api import router as native_router
     from radixlm.runtime.server.openai_api import router as openai_router
+    from radixlm.runtime.server.openapi import install_docs
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx  # what each route's `ctx: Ctx` parameter receives (server/context.py)
     install_error_handlers(app)
     for router in (native_router, openai_router, admin_router):
         app.include_router(router)
+    install_docs(app, VERSION)
     # Outermost last: request id wraps auth wraps the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=ctx.config.max_body_bytes)
     app.add_middleware(AuthMiddleware, api_keys=ctx.config.api_keys, admin_api_key=ctx.config.admin_api_key)

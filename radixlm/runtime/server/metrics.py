@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from radixlm.runtime.messages import Heartbeat
-from radixlm.runtime.server.errors import SERVER_SIDE_CODES
+from radixlm.runtime.messages import Heartbeat, RequestError
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -53,13 +52,12 @@ class ServerMetrics:
         for _ in range(num_tokens):
             self.itl.observe(seconds_since_last / num_tokens)
 
-    def on_finish(self, meta: dict, e2e_seconds: float) -> None:
+    def on_finish(self, meta: dict, e2e_seconds: float, error: RequestError | None = None) -> None:
         finish = meta.get("finish_reason") or {}
-        code = meta.get("error_code")
         # A request refused for the client's mistake (a grammar that does not compile, ...) ends as an
         # abort inside; it is counted apart, so aborts stay aborts (disconnects, abort_request, drain).
-        self.requests.labels("invalid_request" if code and code not in SERVER_SIDE_CODES
-                             else finish.get("type", "unknown")).inc()
+        client_fault = error is not None and 400 <= error.status < 500
+        self.requests.labels("invalid_request" if client_fault else finish.get("type", "unknown")).inc()
         prompt, cached = int(meta.get("prompt_tokens", 0)), int(meta.get("cached_tokens", 0))
         self.prompt_tokens.inc(prompt)
         self.cached_tokens.inc(cached)

@@ -1,7 +1,8 @@
 """The SGLang-native routes (docs/wire-protocol.md): /generate, health, cache and abort, model and server info, metrics.
 
-Runs in the HTTP process. Bodies are parsed by http_server.py's helpers; validation and tokenization are
-runtime/generate_input.py's (shared with the Engine), run off the event loop.
+Runs in the HTTP process. /generate's body is decoded by msgspec into server/bodies.py's GenerateBody;
+validation and tokenization are runtime/generate_input.py's (shared with the Engine), run off the event
+loop.
 """
 
 from __future__ import annotations
@@ -14,24 +15,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from radixlm.runtime.server.context import Ctx, off_loop
 from radixlm.runtime.server.errors import APIError, error_response
-from radixlm.runtime.server.http_server import (check_bool, native_stream, open_stream, raise_for_server_errors,
+from radixlm.runtime.server.bodies import GenerateBody, request_body
+from radixlm.runtime.server.http_server import (check_bool, native_stream, open_stream, raise_for_errors, read_body,
                                                 read_object, wait_results)
 
 router = APIRouter()
 VERSION = "0.1.0"
-_GENERATE_FIELDS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                    "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "rid")
 
 
-@router.post("/generate")
+@router.post("/generate", openapi_extra=request_body(GenerateBody))
 async def generate(request: Request, ctx: Ctx) -> Response:
     tm = ctx.tm
-    obj = await read_object(request)
-    stream = check_bool(obj, "stream")
-    fields = {k: obj.get(k) for k in _GENERATE_FIELDS}
-    fields["return_text_in_logprobs"] = check_bool(obj, "return_text_in_logprobs")
+    body = await read_body(request, GenerateBody)
+    stream = bool(body.stream)
     tm.check_admission(1)
-    prepared, is_batch = await off_loop(tm.prepare, request.state.namespace, stream=stream, **fields)
+    prepared, is_batch = await off_loop(tm.prepare, request.state.namespace, stream=stream, **body.fields())
     handle = tm.submit(prepared, stream, request.state.request_id)
     if stream:
         events = await open_stream(request, tm, handle)
@@ -41,7 +39,7 @@ async def generate(request: Request, ctx: Ctx) -> Response:
     results = await wait_results(request, tm, handle)
     if results is None:
         return Response(status_code=499)
-    raise_for_server_errors(results)
+    raise_for_errors(handle)
     return JSONResponse(results if is_batch or len(results) > 1 else results[0])
 
 
@@ -68,8 +66,8 @@ async def health_generate(request: Request, ctx: Ctx) -> Response:
         for handle in handles:
             tm.abort(handle)
         return error_response(503, "the scheduler did not answer in time", None, "timeout")
-    for result in results:
-        raise_for_server_errors(result)
+    for handle in handles:
+        raise_for_errors(handle)
     return JSONResponse({})
 
 

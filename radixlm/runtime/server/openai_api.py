@@ -1,8 +1,9 @@
 """OpenAI-compatible routes (an APIRouter): /v1/models, /v1/completions, /v1/chat/completions (wire-protocol.md).
 
-Runs in the HTTP process. Each request is translated to a native request (same validation, same
-tokenizer manager, same detokenizer path as /generate) and the native results are reshaped with
-openai_format.py. Unknown top-level fields are ignored, as OpenAI clients send many.
+Runs in the HTTP process. Bodies decode with msgspec into server/bodies.py's CompletionBody / ChatBody
+(unknown top-level fields are ignored, as OpenAI clients send many). Each request is translated to a
+native request (same validation, same tokenizer manager, same detokenizer path as /generate) and the
+native results are reshaped with openai_format.py.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from radixlm.runtime.server.chat_agent import ChatAgent
 from radixlm.runtime.server.chat_agent_stream import agent_chat_choices
 from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_messages
 from radixlm.runtime.server.context import AppContext, Ctx, off_loop
-from radixlm.runtime.server.errors import APIError
-from radixlm.runtime.server.http_server import (SSE_DONE, Events, check_bool, open_stream,
-                                                raise_for_server_errors, read_object, result_error, sse,
+from radixlm.runtime.server.errors import APIError, from_request_error
+from radixlm.runtime.server.bodies import ChatBody, CompletionBody, OpenAIBody, request_body
+from radixlm.runtime.server.http_server import (SSE_DONE, Events, open_stream, raise_for_errors, read_body, sse,
                                                 stream_error, wait_results)
 from radixlm.runtime.server.tokenizer_manager import RequestHandle, TokenizerManager
 
@@ -43,19 +44,13 @@ def openai_params() -> Iterator[None]:
         raise APIError(400, message, param, exc.code) from None
 
 
-def _check_model(obj: dict[str, Any], served: str) -> None:
-    model = obj.get("model")
-    if model is not None and model != served:
-        raise APIError(404, f"the model {str(model)[:100]!r} does not exist", "model", "model_not_found")
+def _check_model(body: OpenAIBody, served: str) -> None:
+    if body.model is not None and body.model != served:
+        raise APIError(404, f"the model {body.model[:100]!r} does not exist", "model", "model_not_found")
 
 
-def _include_usage(obj: dict[str, Any]) -> bool:
-    opts = obj.get("stream_options")
-    if opts is None:
-        return False
-    if not isinstance(opts, dict):
-        raise APIError(400, "stream_options must be an object", "stream_options", "invalid_type")
-    return check_bool(opts, "include_usage")
+def _include_usage(body: OpenAIBody) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
 
 
 def _split_prompt(prompt: Any) -> tuple[Any, Any]:
@@ -88,23 +83,23 @@ async def get_model(model_id: str, ctx: Ctx) -> Response:
     return JSONResponse(_model_card(ctx))
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=request_body(CompletionBody))
 async def completions(request: Request, ctx: Ctx) -> Response:
     tm, served = ctx.tm, ctx.served_model_name
-    obj = await read_object(request)
-    _check_model(obj, served)
-    stream, echo, include_usage = check_bool(obj, "stream"), check_bool(obj, "echo"), _include_usage(obj)
-    text, ids = _split_prompt(obj.get("prompt"))
+    body = await read_body(request, CompletionBody)
+    _check_model(body, served)
+    stream, echo, include_usage = bool(body.stream), bool(body.echo), _include_usage(body)
+    text, ids = _split_prompt(body.prompt)
     tm.check_admission(1)
     with openai_params():
-        logprobs = None if obj.get("logprobs") is None else fmt.check_logprobs_count(obj["logprobs"], "logprobs")
-        params = fmt.sampling_params(obj, 16 if obj.get("max_tokens") is None else obj["max_tokens"])
+        logprobs = None if body.logprobs is None else fmt.check_logprobs_count(body.logprobs, "logprobs")
+        params = fmt.sampling_params(body, 16 if body.max_tokens is None else body.max_tokens)
         prepared, _ = await off_loop(tm.prepare, request.state.namespace, text=text, input_ids=ids,
                                      sampling_params=params, return_logprob=logprobs is not None,
                                      top_logprobs_num=logprobs or 0,
                                      logprob_start_len=0 if echo and logprobs is not None else -1,
                                      return_text_in_logprobs=True, stream=stream)
-    await _check_strict(obj, ctx)
+    await _check_strict(body, ctx)
     n = prepared[0].params.n
     handle = tm.submit(prepared, stream, request.state.request_id)
     if stream:
@@ -117,34 +112,31 @@ async def completions(request: Request, ctx: Ctx) -> Response:
     results = await wait_results(request, tm, handle)
     if results is None:
         return Response(status_code=499)
-    raise_for_server_errors(results)
-    echo_texts = [_echo_text(tm, p) for p in prepared] if echo else None
+    raise_for_errors(handle)
+    echo_texts = await off_loop(_echo_texts, tm, prepared) if echo else None  # detokenizing: off the loop
     choices = [fmt.completion_choice(k, r, logprobs is not None, echo_texts[k // n] if echo_texts else None)
                for k, r in enumerate(results)]
     return JSONResponse({**fmt.envelope("text_completion", served, choices), "usage": fmt.usage(results, n)})
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=request_body(ChatBody))
 async def chat_completions(request: Request, ctx: Ctx) -> Response:
     tm, served = ctx.tm, ctx.served_model_name
-    obj = await read_object(request)
-    _check_model(obj, served)
-    stream, include_usage = check_bool(obj, "stream"), _include_usage(obj)
-    logprobs = check_bool(obj, "logprobs")
+    body = await read_body(request, ChatBody)
+    _check_model(body, served)
+    stream, include_usage, logprobs = bool(body.stream), _include_usage(body), bool(body.logprobs)
     tm.check_admission(1)
     with openai_params():
         # tools, reasoning; lowering the tools' schemas is CPU work: on the tokenizer thread, off the event loop
-        agent = await off_loop(ChatAgent, obj, tm.tokenizer, ctx.config, ctx.grammar_config)
-        messages, tools = agent.render(normalize_messages(obj.get("messages"), tm.limits.max_prompt_chars),
-                                       obj.get("tools"))
+        agent = await off_loop(ChatAgent, body.tool_fields(), tm.tokenizer, ctx.config, ctx.grammar_config)
+        messages, tools = agent.render(normalize_messages(body.messages, tm.limits.max_prompt_chars), body.tools)
         ids = await off_loop(chat_input_ids, tm.tokenizer, messages, tools)  # chat template + tokenize
-        top = obj.get("top_logprobs")
-        top = 0 if top is None else fmt.check_logprobs_count(top, "top_logprobs")
-        params = agent.sampling_params(fmt.sampling_params(obj, _chat_max_tokens(obj, len(ids), tm)))
+        top = 0 if body.top_logprobs is None else fmt.check_logprobs_count(body.top_logprobs, "top_logprobs")
+        params = agent.sampling_params(fmt.sampling_params(body, _chat_max_tokens(body, len(ids), tm)))
         prepared, _ = await off_loop(tm.prepare, request.state.namespace, input_ids=ids, sampling_params=params,
                                      return_logprob=logprobs, top_logprobs_num=top, return_text_in_logprobs=True,
                                      stream=stream)
-    await _check_strict(obj, ctx)
+    await _check_strict(body, ctx)
     n = prepared[0].params.n
     handle = tm.submit(prepared, stream, request.state.request_id)
     if stream:
@@ -159,13 +151,13 @@ async def chat_completions(request: Request, ctx: Ctx) -> Response:
     results = await wait_results(request, tm, handle)
     if results is None:
         return Response(status_code=499)
-    raise_for_server_errors(results)
+    raise_for_errors(handle)
     choices = [agent.finish_choice(fmt.chat_choice(k, r, logprobs)) for k, r in enumerate(results)]
     return JSONResponse({**fmt.envelope("chat.completion", served, choices), "usage": fmt.usage(results, n)})
 
 
-async def _check_strict(obj: dict[str, Any], ctx: AppContext) -> None:
-    schema = fmt.strict_schema(obj)
+async def _check_strict(body: OpenAIBody, ctx: AppContext) -> None:
+    schema = fmt.strict_schema(body.response_format)
     if schema is None:
         return
     grammar = ctx.grammar_config
@@ -173,18 +165,18 @@ async def _check_strict(obj: dict[str, Any], ctx: AppContext) -> None:
     await asyncio.to_thread(fmt.check_strict, schema, grammar.grammar_backend, options)
 
 
-def _chat_max_tokens(obj: dict[str, Any], prompt_len: int, tm: TokenizerManager) -> Any:
-    for key in ("max_completion_tokens", "max_tokens"):
-        if obj.get(key) is not None:
-            return obj[key]
+def _chat_max_tokens(body: ChatBody, prompt_len: int, tm: TokenizerManager) -> Any:
+    for given in (body.max_completion_tokens, body.max_tokens):
+        if given is not None:
+            return given
     room = min(tm.limits.context_len, tm.limits.max_total_tokens) - prompt_len
     if room < 1:
         raise ContextLengthError("the messages fill the whole context", param="messages")
     return room
 
 
-def _echo_text(tm: TokenizerManager, prepared: Any) -> str:
-    return tm.tokenizer.decode(prepared.msg.input_ids)
+def _echo_texts(tm: TokenizerManager, prepared: list[Any]) -> list[str]:
+    return [tm.tokenizer.decode(p.msg.input_ids) for p in prepared]
 
 
 Render = Callable[[int, Any, dict[str, Any], str, int], Iterator[dict[str, Any]]]
@@ -201,11 +193,10 @@ async def _sse_choices(tm: TokenizerManager, handle: RequestHandle, events: Even
         for choice in opening:
             yield sse(fmt.envelope(kind, model, [choice], rid))
         async for index, out in events:
-            if out.payload is None:
+            if out.error is not None:
+                yield stream_error(from_request_error(out.error))
                 continue
-            err = result_error(out.payload)
-            if err is not None:
-                yield stream_error(err)
+            if out.payload is None:
                 continue
             text = out.payload["text"]
             offset = len(sent[index])

@@ -11,43 +11,29 @@ import uuid
 from typing import Any
 
 from radixlm.errors import InvalidRequestError
+from radixlm.runtime.server.bodies import PASSTHROUGH, OpenAIBody
 from radixlm.sampling_params import MAX_TOP_LOGPROBS
 
-# OpenAI field -> native sampling key; extensions (wire-protocol.md) keep their native names.
+# OpenAI field -> native sampling key; extensions (wire-protocol.md, bodies.PASSTHROUGH) keep their names.
 _RENAMED = {"seed": "sampling_seed", "min_tokens": "min_new_tokens"}
-_PASSTHROUGH = ("temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                "repetition_penalty", "regex", "json_schema", "ebnf", "stop_token_ids", "stop_regex", "ignore_eos",
-                "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens")
 # Native param name in an error -> the /v1 name the client actually sent.
 OPENAI_PARAM_NAMES = {"max_new_tokens": "max_tokens", "sampling_seed": "seed", "min_new_tokens": "min_tokens"}
 
 
-def sampling_params(obj: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+def sampling_params(body: OpenAIBody, max_tokens: Any) -> dict[str, Any]:
+    """The native sampling_params of a decoded /v1 body (types already checked; values are checked with
+    every native request's, in generate_input.py)."""
+    if max_tokens < 1:
         raise InvalidRequestError("max_tokens must be an integer >= 1", param="max_tokens")
     params: dict[str, Any] = {"max_new_tokens": max_tokens}
-    for key in _PASSTHROUGH:
-        if obj.get(key) is not None:
-            params[key] = obj[key]
+    for key in PASSTHROUGH:
+        if getattr(body, key) is not None:
+            params[key] = getattr(body, key)
     for key, native in _RENAMED.items():
-        if obj.get(key) is not None:
-            params[native] = obj[key]
-    if obj.get("logit_bias") is not None:
-        params["logit_bias"] = _logit_bias(obj["logit_bias"])
-    params.update(_response_format(obj.get("response_format")))
+        if getattr(body, key) is not None:
+            params[native] = getattr(body, key)
+    params.update(_response_format(body.response_format))
     return params
-
-
-def _logit_bias(bias: Any) -> dict[int, float]:
-    if not isinstance(bias, dict):
-        raise InvalidRequestError("logit_bias must be an object of token id -> bias", param="logit_bias")
-    out = {}
-    for key, value in bias.items():
-        try:
-            out[int(key)] = value
-        except ValueError:
-            raise InvalidRequestError("logit_bias keys must be token ids", param="logit_bias") from None
-    return out
 
 
 def _response_format(fmt: Any) -> dict[str, Any]:
@@ -68,9 +54,8 @@ def _response_format(fmt: Any) -> dict[str, Any]:
     return {"json_schema": json.dumps(spec["schema"])}
 
 
-def strict_schema(obj: dict[str, Any]) -> str | None:
+def strict_schema(fmt: dict[str, Any] | None) -> str | None:
     """The schema text of a `response_format` with `json_schema.strict: true`, else None."""
-    fmt = obj.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
         spec = fmt["json_schema"]
         if spec.get("strict") is True and isinstance(spec.get("schema"), dict):

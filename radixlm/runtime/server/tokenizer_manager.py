@@ -21,8 +21,8 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime.generate_input import InputLimits, PreparedReq, prepare_generate
-from radixlm.runtime.messages import (AbortReq, BatchStrOut, ControlReq, ControlResp, GenerateReq, Heartbeat,
-                                      ProcessReady, StrOut, encode)
+from radixlm.runtime.messages import (AbortReq, BatchStrOut, ControlReq, ControlResp, FinishReason, GenerateReq,
+                                      Heartbeat, ProcessReady, RequestError, StrOut, encode)
 from radixlm.runtime.proc import IpcAddrs
 from radixlm.runtime.server.dp_dispatch import DpDispatcher, combine, scheduler_name
 from radixlm.runtime.server.errors import APIError
@@ -32,6 +32,7 @@ from radixlm.runtime.server.stream_assembly import StreamAssembler
 logger = logging.getLogger("radixlm.server")
 
 InboundMsg = Union[BatchStrOut, ControlResp, ProcessReady, Heartbeat]
+SERVER_UNHEALTHY = RequestError("server_unhealthy", "the server is unhealthy", None, 503)
 
 
 class RequestHandle:
@@ -44,6 +45,7 @@ class RequestHandle:
         self.stream = stream
         self.queue: asyncio.Queue[StrOut] = asyncio.Queue()
         self.results: dict[str, dict[str, Any]] = {}
+        self.errors: dict[str, RequestError] = {}  # child rid -> why the scheduler refused or failed it
         self.start = time.perf_counter()
         self.last_token_at: dict[str, float] = {}
         self.client_rids: list[str] = []
@@ -172,11 +174,13 @@ class TokenizerManager:
             self.handles.pop(out.rid, None)
             self.dispatch.release(out.rid)
             handle.results[out.rid] = out.payload or {}
-            self.metrics.on_finish(out.payload["meta_info"] if out.payload else {}, now - handle.start)
+            if out.error is not None:
+                handle.errors[out.rid] = out.error
+            self.metrics.on_finish(out.payload["meta_info"] if out.payload else {}, now - handle.start, out.error)
             if handle.finished:
                 for client_rid in handle.client_rids:
                     self.client_rids.pop(client_rid, None)
-            elif out.payload and out.payload["meta_info"].get("error_code"):
+            elif out.error is not None:
                 self.abort(handle)  # the request fails as a whole: stop its other children now
         handle.queue.put_nowait(out)
 
@@ -259,9 +263,9 @@ class TokenizerManager:
         """The scheduler or detokenizer is gone: end every waiting request with an abort now."""
         for rid, handle in list(self.handles.items()):
             payload = {"text": "", "output_ids": [], "meta_info": {
-                "id": rid, "finish_reason": {"type": "abort", "message": message}, "prompt_tokens": 0,
-                "completion_tokens": 0, "cached_tokens": 0, "error_code": "server_unhealthy"}}
-            self._route(StrOut(rid, 0, True, payload))
+                "id": rid, "finish_reason": FinishReason("abort", message=message).to_json(), "prompt_tokens": 0,
+                "completion_tokens": 0, "cached_tokens": 0}}
+            self._route(StrOut(rid, 0, True, payload, error=SERVER_UNHEALTHY))
 
     # ---- management -------------------------------------------------------------------------------
     async def control(self, target: str, kind: str, timeout: float = 10.0) -> ControlResp:
