@@ -18,7 +18,7 @@ TopLogprobs = Optional[list[tuple[float, int]]]
 
 
 # ---- how a request ends, and why it failed (typed, shared by every process and the Engine) ---------
-class FinishReason(msgspec.Struct):
+class FinishReason(msgspec.Struct, omit_defaults=True):
     """Why a request finished: stop (matched: the stop string, stop_regex pattern or token id, None for
     eos), length (length: the max_new_tokens reached), abort (message)."""
 
@@ -36,7 +36,7 @@ class FinishReason(msgspec.Struct):
         return {"type": "abort", "message": self.message}
 
 
-class RequestError(msgspec.Struct):
+class RequestError(msgspec.Struct, omit_defaults=True):
     """A request the scheduler refused or failed (it then also finishes as an abort). Set where the failure
     happens, carried typed to the HTTP route, which answers `status` with the error envelope
     (robustness.md); the Engine raises it (engine.py)."""

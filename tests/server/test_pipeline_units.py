@@ -64,3 +64,67 @@ def test_finish_codes_map_to_statuses(tokenizer):
     detok.handle(_req(tokenizer, stream=False))
     ok = detok.handle(BatchTokenOut([TokenOut("r", [5], 2, 1, 0, FinishReason("length", length=1))])).outputs[0]
     assert ok.error is None and ok.finished
+
+
+class _Transport:
+    idle_wait_s, heartbeat_interval_s = 0.0, None
+
+    def __init__(self):
+        self.outputs = []
+
+    def announce(self, msg):
+        pass
+
+    def send_outputs(self, outputs):
+        self.outputs += outputs
+
+
+class _Scheduler:
+    def __init__(self, fail: Exception | None = None):
+        self.added, self.fail = [], fail
+
+    def add_request(self, req):
+        if self.fail is not None:
+            raise self.fail
+        self.added.append(req)
+
+
+def test_sampling_params_are_validated_once_at_the_edge(tokenizer, monkeypatch):
+    """prepare_generate checks the params (once per prompt); the typed Struct then crosses msgpack and
+    the scheduler loop and the detokenizer use it as it is: a second check would fail here."""
+    from radixlm.runtime.scheduler.loop import SchedulerLoop
+    from radixlm.sampling_params import SamplingParams
+
+    calls = []
+    original = SamplingParams.normalize
+    monkeypatch.setattr(SamplingParams, "normalize", lambda self: (calls.append(1), original(self))[1])
+    msg = _req(tokenizer, stream=True, n=2)
+    assert calls == [1] and isinstance(msg.req.sampling_params, SamplingParams)
+
+    def refuse(self):
+        raise AssertionError("sampling params validated again")
+
+    monkeypatch.setattr(SamplingParams, "normalize", refuse)
+    monkeypatch.setattr(SamplingParams, "from_dict", classmethod(lambda cls, d: refuse(None)))
+    decoded = msgspec.msgpack.Decoder(GenerateReq).decode(encode(msg))
+    assert decoded.req.sampling_params == msg.req.sampling_params
+    scheduler, transport = _Scheduler(), _Transport()
+    SchedulerLoop(scheduler, transport, lambda m, p, rid, i: (rid, p))._add(decoded)
+    assert scheduler.added == [("r-0", decoded.req.sampling_params), ("r-1", decoded.req.sampling_params)]
+    assert transport.outputs == []
+    Detokenizer(tokenizer).handle(decoded)
+
+
+def test_scheduler_refusals_travel_as_typed_errors(tokenizer):
+    from radixlm.errors import InvalidRequestError
+    from radixlm.runtime.scheduler.loop import INTERNAL_ERROR, SchedulerLoop
+
+    msg = _req(tokenizer, stream=False)
+    for fail, want in ((OverflowError(), QUEUE_FULL), (RuntimeError("boom"), INTERNAL_ERROR),
+                       (InvalidRequestError("regex: bad", "regex", "invalid_grammar"),
+                        RequestError("invalid_grammar", "regex: bad", "regex", 400))):
+        transport = _Transport()
+        SchedulerLoop(_Scheduler(fail), transport, lambda m, p, rid, i: rid)._add(msg)
+        (out,) = transport.outputs
+        assert out.error == want and out.finish.type == "abort"
+        assert "boom" not in out.error.message  # the client is told no internals

@@ -190,6 +190,27 @@ def test_grammars_are_enforced_and_bad_ones_fail_alike_under_concurrency(client,
     assert_healthy(server)
 
 
+TYPE_CASES = [  # (path, body, param, message): msgspec's type errors, named by field, in the envelope
+    (G, gen(temperature="hot"), "temperature", "`temperature`: Expected `float`, got `str`"),
+    (G, {"text": "a", "sampling_params": [{"max_new_tokens": True}]}, "max_new_tokens",
+     "`max_new_tokens`: Expected `int`, got `bool`"),
+    (G, gen(bogus_key=1), "bogus_key", "`bogus_key`: unknown field"),
+    (G, {"text": ["a", 3]}, "text", "`text[1]`: Expected `str`, got `int`"),
+    (CHAT, chat(temperature="hot"), "temperature", "`temperature`: Expected `float`, got `str`"),
+    (CHAT, chat(messages="hi"), "messages", "`messages`: Expected `array`, got `str`"),
+    (COMP, {"prompt": "hi", "max_tokens": 2, "stream_options": 1}, "stream_options",
+     "`stream_options`: Expected `object`, got `int`"),
+]
+
+
+@pytest.mark.parametrize("path,body,param,message", TYPE_CASES)
+def test_type_errors_name_the_field(client, path, body, param, message):
+    res = client.post(path, json=body)
+    assert res.status_code == 400, res.text
+    assert res.json() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                    "code": "invalid_type"}}
+
+
 def test_unknown_v1_fields_ignored(client, server):
     assert client.post(COMP, json={"prompt": "hi", "max_tokens": 2, "made_up": {"x": 1}}).status_code == 200
     assert client.post(CHAT, json=chat(another_unknown=[1, 2])).status_code == 200
@@ -198,7 +219,7 @@ def test_unknown_v1_fields_ignored(client, server):
 # ---- auth -----------------------------------------------------------------------------------------
 ROUTES = [("GET", "/get_model_info"), ("POST", G), ("GET", "/v1/models"), ("POST", CHAT), ("GET", "/metrics"),
           ("GET", "/server_info"), ("POST", "/flush_cache"), ("GET", "/health_generate"), ("POST", "/abort_request"),
-          ("GET", "/debug/invariants"), ("GET", "/no-such-route")]
+          ("GET", "/debug/invariants"), ("GET", "/no-such-route"), ("GET", "/openapi.json"), ("GET", "/docs")]
 
 
 @pytest.mark.parametrize("method,path", ROUTES)
