@@ -11,6 +11,7 @@ import pytest
 
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.server.bodies import CompletionBody, decode_body
 from radixlm.runtime.server.openai_format import sampling_params
 
 pytest.importorskip("llguidance")
@@ -82,4 +83,5 @@ def test_ebnf_on_the_default_backend(tiny_llama_dir):
 
 
 def test_openai_requests_pass_ebnf_through():
-    assert sampling_params({"ebnf": GBNF}, 16)["ebnf"] == GBNF
+    body = decode_body(json.dumps({"ebnf": GBNF}).encode(), CompletionBody)  # as the /v1 route decodes it
+    assert sampling_params(body, 16)["ebnf"] == GBNF
