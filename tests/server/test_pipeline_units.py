@@ -128,3 +128,23 @@ def test_scheduler_refusals_travel_as_typed_errors(tokenizer):
         (out,) = transport.outputs
         assert out.error == want and out.finish.type == "abort"
         assert "boom" not in out.error.message  # the client is told no internals
+
+
+def test_python_dicts_are_checked_like_http_bodies(tokenizer):
+    """The Engine's and the frontend's sampling_params dicts go through the same msgspec conversion and
+    the same error mapping (radixlm/errors.from_validation_error) as a /generate body."""
+    from radixlm.errors import InvalidRequestError
+
+    def prepare(params):
+        return prepare_generate(tokenizer, InputLimits(384, 512, 4096), text="hi", sampling_params=params)[0][0]
+
+    for params, param, message in (({"temperature": "x"}, "temperature", "`temperature`: Expected `float`, got `str`"),
+                                   ({"top_k": True}, "top_k", "`top_k`: Expected `int`, got `bool`"),
+                                   ({"bogus_key": 1}, "bogus_key", "`bogus_key`: unknown field"),
+                                   ({"logit_bias": {"x": 1.0}}, "logit_bias",
+                                    "`logit_bias`: Expected `int`, got `str` (in a key)")):
+        with pytest.raises(InvalidRequestError) as info:
+            prepare(params)
+        assert (info.value.param, str(info.value)) == (param, message)
+    p = prepare({"logit_bias": {"5": 1}, "stop": "\n", "temperature": 1, "regex": None})  # JSON's shapes
+    assert (p.params.logit_bias, p.params.stop, p.params.temperature, p.params.regex) == ({5: 1.0}, ["\n"], 1.0, None)
