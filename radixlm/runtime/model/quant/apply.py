@@ -3,9 +3,8 @@
 Runs in the scheduler process, once, after loading and the weight layout (not on tensor-parallel ranks).
 Modes (ModelConfig.quantization, SGLang's --quantization):
   none  fp32 (or the model dtype) as loaded: the reference the parity tests use.
-  int8  8-bit weights with per-channel scales, by fbgemm's dynamic int8 linear (activations quantized per
-        step too; 7-bit activations on CPUs without AVX512-VNNI). Measured faster than the weight-only
-        _weight_int8pack_mm at every row count, with ppl within the target (docs/benchmarks.md).
+  int8  8-bit weights with per-channel scales, _weight_int8pack_mm with bf16 activations (fbgemm's
+        dynamic int8 linear was faster but quantizes activations too: +93% perplexity, docs/benchmarks.md).
   int4  4-bit weights in groups of 32 inputs (scale + zero each), _weight_int4pack_mm_for_cpu with bf16
         activations (its fp32-activation path was measured 10-40x slower).
   auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
@@ -24,13 +23,14 @@ from torch import nn
 
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps
 from radixlm.runtime.model.quant.kernels import (
-    GROUP, Int4Weight, pack_int4, quant_linear, quantize_dyn_int8, quantize_int4,
+    GROUP, Int4Weight, pack_int4, quant_linear, quantize_int4, quantize_int8,
 )
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-DEFAULT_CPU = "none"  # see docs/engine.md "Quantized and bf16 weights" for why
+DEFAULT_CPU = "none"
+QUANTIZE_LM_HEAD = {"int8": True, "int4": True}  # see docs/engine.md "Quantized and bf16 weights" for why
 
 # GGUF tensor types whose linear weights a mode keeps as they are (int4) or reads as its own (int8).
 GGUF_MODES = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}
@@ -64,8 +64,7 @@ def resolve_quantization(requested: str, device: torch.device, tp_size: int, ggu
 
 def _quantizer(mode: str, caps: CpuCaps) -> Callable[[torch.Tensor], object]:
     if mode == "int8":
-        reduce_range = not caps.vnni
-        return lambda w: quantize_dyn_int8(w, reduce_range)
+        return lambda w: quantize_int8(w, torch.bfloat16)
     if mode == "int4":
         return lambda w: quantize_int4(w, torch.bfloat16)
     raise ValueError(f"not a quantized mode: {mode!r}")
@@ -101,6 +100,8 @@ def quantize_model(model: nn.Module, mode: str, caps: CpuCaps, source: Int4Sourc
             del owner._parameters[attr]  # a plain attribute now: the module's `linear` knows its format
             setattr(owner, attr, weight)
         layer.linear = layer.self_attn.linear = quant_linear
+    if not QUANTIZE_LM_HEAD[mode]:
+        return exact
     head_name = "lm_head.weight" if model.lm_head is not None else "model.embed_tokens.weight"
     head = _from_source([head_name], source) if source else None
     exact += head is not None

@@ -88,67 +88,24 @@ def quantize_int4(w: torch.Tensor, act_dtype: torch.dtype, group: int = GROUP) -
     return pack_int4(*int4_qparams(w, group), act_dtype)
 
 
-def dequantize(w: "QuantWeight") -> torch.Tensor:
+def dequantize(w: QuantWeight) -> torch.Tensor:
     """The fp32 [out, in] matrix that a quantized weight stands for (the tests' reference)."""
     if isinstance(w, Int8Weight):
         return w.qweight.float() * w.scales.float()[:, None]
-    if isinstance(w, DynInt8Weight):
-        return torch.ops.quantized.linear_unpack(w.packed)[0].dequantize()
-    eye = torch.eye(w.in_features, dtype=w.scales_zeros.dtype)
-    return _int4_mm(eye, w).t().float()  # x = I gives W^T, through the kernel itself: no unpacking code
+    eye = torch.eye(w.in_features)  # x = I gives W^T, through the kernel itself (fp32: no bf16 rounding)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, w.packed, w.group, w.scales_zeros.float()).t()
 
 
 def _int4_mm(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, w.group, w.scales_zeros)
 
 
-@dataclass(frozen=True, eq=False)
-class DynInt8Weight:
-    """fbgemm's prepacked int8 weight (per-channel scales) for torch.ops.quantized.linear_dynamic, which
-    quantizes each step's activations to 8 bits too (per tensor) and multiplies in int8 (VNNI where the CPU
-    has it). reduce_range: 7-bit activations, which CPUs without VNNI need (their int16 accumulation of
-    u8 x s8 pairs saturates otherwise)."""
-
-    packed: object  # torch.classes.quantized.LinearPackedParamsBase
-    out_features: int
-    in_features: int
-    reduce_range: bool
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.out_features, self.in_features))
-
-    def nbytes(self) -> int:
-        return self.out_features * (self.in_features + 8)  # int8 values + a float64 scale per row
-
-
-def quantize_dyn_int8(w: torch.Tensor, reduce_range: bool) -> DynInt8Weight:
-    import warnings
-
-    q = quantize_int8(w, torch.float32)
-    with warnings.catch_warnings():  # the quantized-tensor constructors warn of their future move to torchao
-        warnings.simplefilter("ignore")
-        qt = torch._make_per_channel_quantized_tensor(q.qweight, q.scales.double(),
-                                                      torch.zeros(w.shape[0], dtype=torch.long), 0)
-        packed = torch.ops.quantized.linear_prepack(qt, None)
-    return DynInt8Weight(packed, w.shape[0], w.shape[1], reduce_range)
-
-
-def dyn_int8_linear(x: torch.Tensor, w: DynInt8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    y = torch.ops.quantized.linear_dynamic(x2.float(), w.packed, w.reduce_range)
-    y = y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
-    return y if bias is None else y.add_(bias)
-
-
-QuantWeight = Int8Weight | Int4Weight | DynInt8Weight
+QuantWeight = Int8Weight | Int4Weight
 
 
 def quant_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, W, bias) for a quantized W; x [..., in] in any float dtype, the result in x's dtype.
     Activations are cast to the dtype the weight's scales were stored in (the kernels require it)."""
-    if isinstance(w, DynInt8Weight):
-        return dyn_int8_linear(x, w, bias)
     act = w.scales.dtype if isinstance(w, Int8Weight) else w.scales_zeros.dtype
     x2 = x.reshape(-1, x.shape[-1])
     if x2.dtype != act:

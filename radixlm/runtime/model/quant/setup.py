@@ -69,7 +69,7 @@ def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
 
         source = read_int4_blocks(plan.gguf_path, hf_config)
     exact = quantize_model(model, plan.quantization, plan.caps, source)
-    detail = {"none": "", "int8": f", fbgemm dynamic int8 ({'8' if plan.caps.vnni else '7'}-bit activations)",
+    detail = {"none": "", "int8": ", int8 per channel, bf16 activations",
               "int4": ", int4 groups of 32, bf16 activations"}[plan.quantization]
     from_gguf = f", {exact} taken from the GGUF's 4-bit blocks as they are" if source is not None else ""
     logger.info("weights: quantization=%s%s%s, dtype=%s, %.1f MB; CPU %s", plan.quantization, detail, from_gguf,
