@@ -19,7 +19,7 @@ from radixlm.runtime.engine import Engine
 from radixlm.runtime.model.quant.apply import resolve_quantization
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps
 from radixlm.runtime.model.quant.kernels import (
-    GROUP, dequantize, int4_qparams, quant_linear, quantize_int4, quantize_int8,
+    GROUP, dequantize, int4_qparams, pack_int4, quant_linear, quantize_int4, quantize_int8,
 )
 from radixlm.runtime.model.quant.setup import resolve_cpu_dtype
 
@@ -100,3 +100,79 @@ def test_engine_generates_in_each_mode(tiny_qwen2_dir, mode, dtype):
         out = engine.generate(["Hello there", "A radix tree"], {"max_new_tokens": 6, "temperature": 0})
         assert all(len(r["output_ids"]) == 6 for r in out)
         engine.check_integrity()
+
+
+def test_gguf_4bit_blocks_load_exactly_as_int4(tmp_path):
+    from gguf import GGMLQuantizationType as Q
+
+    from radixlm.runtime.model.gguf_loader import convert_gguf
+    from radixlm.runtime.model.quant.gguf_source import read_int4_blocks
+    from radixlm.testing import build_tiny_model
+    from safetensors.numpy import load_file
+    from tests.runtime.test_gguf_loader import _random_blocks, write_gguf
+
+    src = build_tiny_model(tmp_path / "src", "llama", hidden_size=256, intermediate_size=256)
+    q4k = _random_blocks(np.random.default_rng(0), 256, 144, [0, 2])  # real q4_K blocks: [256 out, 256 in]
+    types = {"q_proj": Q.Q4_0, "k_proj": Q.Q4_1, "v_proj": Q.Q4_0, "o_proj": Q.Q8_0}
+    path = write_gguf(src, tmp_path / "m.gguf", "llama", raw={"blk.0.ffn_up.weight": (q4k, Q.Q4_K)},
+                      qtype=lambda name, w: next((t for k, t in types.items() if k in name), Q.Q4_0))
+    hf = convert_gguf(path, tmp_path / "hf", progress=False)  # the fp32 dequantization by the gguf package
+    dense = {k: torch.from_numpy(v) for k, v in load_file(str(hf / "model.safetensors")).items()}
+    from transformers import AutoConfig
+
+    blocks = read_int4_blocks(path, AutoConfig.from_pretrained(hf))
+    assert "model.layers.0.self_attn.o_proj.weight" not in blocks  # q8_0: not 4-bit
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        w = dequantize(pack_int4(*blocks[name], torch.float32))
+        torch.testing.assert_close(w, dense[name], rtol=1e-5, atol=1e-6)  # the same values (q/k unpermuted)
+
+
+def test_engine_on_4bit_gguf_takes_the_blocks(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))  # the GGUF's conversion goes there
+    from gguf import GGMLQuantizationType as Q
+
+    from radixlm.testing import build_tiny_model
+    from tests.runtime.test_gguf_loader import write_gguf
+
+    src = build_tiny_model(tmp_path / "src", "llama")
+    path = write_gguf(src, tmp_path / "m.gguf", "llama", qtype=lambda name, w: Q.Q4_0)
+    with caplog.at_level(logging.INFO, logger="radixlm.runtime.model.quant.setup"):
+        with Engine(str(path), max_total_tokens=256) as engine:  # auto: a 4-bit GGUF stays 4-bit
+            assert engine.get_server_info()["quantization"] == "int4"
+            out = engine.generate("Hello", {"max_new_tokens": 4, "temperature": 0})
+            assert len(out["output_ids"]) == 4
+            engine.check_integrity()
+    assert "taken from the GGUF's 4-bit blocks" in caplog.text
+
+
+_AVX2_CHECK = """
+import json, sys, torch, torch.nn.functional as F
+from radixlm.runtime.engine import Engine
+from radixlm.runtime.model.quant.cpu_caps import cpu_caps
+from radixlm.runtime.model.quant.kernels import dequantize, quant_linear, quantize_int4, quantize_int8
+x, w = torch.randn(3, 128), torch.randn(64, 128) * 0.05
+errs = {}
+for name, q in (("int8", quantize_int8(w, torch.bfloat16)), ("int4", quantize_int4(w, torch.bfloat16))):
+    ref = F.linear(x.to(torch.bfloat16).float(), dequantize(q))
+    errs[name] = float(((quant_linear(x, q) - ref).abs() / (ref.abs() + 1e-2)).max())
+with Engine(sys.argv[1], dtype="bfloat16", quantization="int8", max_total_tokens=256) as e:
+    n = len(e.generate("Hello", {"max_new_tokens": 4, "temperature": 0})["output_ids"])
+    e.check_integrity()
+    info = e.get_server_info()
+print(json.dumps({"capability": cpu_caps().capability, "native_bf16": cpu_caps().native_bf16, "errs": errs,
+                  "dtype": info["dtype"], "quantization": info["quantization"], "tokens": n}))
+"""
+
+
+def test_avx2_path_forced_in_a_subprocess(tiny_llama_dir):
+    """ATEN_CPU_CAPABILITY=avx2 makes torch dispatch to its AVX2 kernels, as on the AVX2-only CI machines:
+    bf16 falls back to fp32 there and the quantized kernels still agree with their reference."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    proc = subprocess.run([sys.executable, "-c", _AVX2_CHECK, str(tiny_llama_dir)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["capability"] == "AVX2" and not got["native_bf16"]
+    assert got["dtype"] == "float32" and got["quantization"] == "int8" and got["tokens"] == 4
+    assert all(err < 4 * BF16_EPS for err in got["errs"].values()), got["errs"]
