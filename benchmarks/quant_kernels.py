@@ -4,7 +4,7 @@ Prints ms per pass over 30 layers' worth of distinct weights (q/k/v fused, o, ga
 nothing stays in cache, for M = 1, 4, 32, 128, 512 rows, and the LM head [49152, 576] alone. Sides:
 fp32 F.linear (row-major), fp32 blocks (weight_layout.py), bf16 F.linear, torch's int8 per-channel
 `_weight_int8pack_mm` and int4 groupwise `_weight_int4pack_mm_for_cpu` with fp32 and bf16 activations,
-fbgemm's dynamic int8 linear (activations quantized too), and radixlm's QuantLinear dispatch.
+fbgemm's dynamic int8 linear (activations quantized too, per tensor).
 Usage: python benchmarks/quant_kernels.py [--rows 1 4 32 128 512] [--threads 2] [--passes 6]
 """
 
