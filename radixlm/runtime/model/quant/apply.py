@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from radixlm.runtime.model.quant.cpu_caps import CpuCaps
 from radixlm.runtime.model.quant.kernels import (
     GROUP, Int4Weight, pack_int4, quant_linear, quantize_int4, quantize_int8,
 )
@@ -65,7 +64,7 @@ def resolve_quantization(requested: str, device: torch.device, tp_size: int, ggu
     return requested
 
 
-def _quantizer(mode: str, caps: CpuCaps) -> Callable[[torch.Tensor], object]:
+def _quantizer(mode: str) -> Callable[[torch.Tensor], object]:
     if mode == "int8":
         return lambda w: quantize_int8(w, torch.bfloat16)
     if mode == "int4":
@@ -85,12 +84,12 @@ def _from_source(parts: list[str], source: Int4Source) -> Int4Weight | None:
     return pack_int4(q, scale, zero, torch.bfloat16)
 
 
-def quantize_model(model: nn.Module, mode: str, caps: CpuCaps, source: Int4Source | None = None) -> int:
+def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None) -> int:
     """Replace the model's linear weights by `mode`'s quantized ones, in place; returns how many were
     taken from `source` as they are (a GGUF's int4 blocks) instead of quantized from the loaded weights."""
     if mode == "none":
         return 0
-    quantize, exact = _quantizer(mode, caps), 0
+    quantize, exact = _quantizer(mode), 0
     source = source if mode == "int4" else None
     for i, layer in enumerate(model.layers):
         for owner_path, attr, parts in _LAYER_WEIGHTS:

@@ -68,7 +68,7 @@ def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
         from radixlm.runtime.model.quant.gguf_source import read_int4_blocks
 
         source = read_int4_blocks(plan.gguf_path, hf_config)
-    exact = quantize_model(model, plan.quantization, plan.caps, source)
+    exact = quantize_model(model, plan.quantization, source)
     detail = {"none": "", "int8": ", int8 per channel, bf16 activations",
               "int4": ", int4 groups of 32, bf16 activations"}[plan.quantization]
     from_gguf = f", {exact} taken from the GGUF's 4-bit blocks as they are" if source is not None else ""
