@@ -175,3 +175,14 @@ def test_avx2_path_forced_in_a_subprocess(tiny_llama_dir):
     assert got["capability"] == "AVX2" and not got["native_bf16"]
     assert got["dtype"] == "float32" and got["quantization"] == "int8" and got["tokens"] == 4
     assert all(err < 4 * BF16_EPS for err in got["errs"].values()), got["errs"]
+
+
+def test_gguf_mode_follows_the_linear_weights_type(tiny_llama_dir, tmp_path):
+    from gguf import GGMLQuantizationType as Q
+
+    from radixlm.runtime.model.quant.setup import gguf_linear_mode
+    from tests.runtime.test_gguf_loader import write_gguf
+
+    for qtype, mode in ((Q.Q8_0, "int8"), (Q.Q4_1, "int4"), (Q.F16, None)):
+        path = write_gguf(tiny_llama_dir, tmp_path / f"{qtype.name}.gguf", "llama", qtype=lambda n, w: qtype)
+        assert gguf_linear_mode(path) == mode
