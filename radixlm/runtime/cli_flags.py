@@ -36,7 +36,10 @@ class FlagExtra:
 _EXTRAS: dict[str, FlagExtra] = {
     # engine
     "model_path": FlagExtra(help="HF directory or .gguf file (default: SmolLM2-135M-Instruct)"),
-    "dtype": FlagExtra(choices=("auto", "float32", "bfloat16", "float16")),
+    "dtype": FlagExtra(choices=("auto", "float32", "bfloat16", "float16"),
+                       help="bfloat16 on a CPU without native bf16 falls back to float32 (docs/engine.md)"),
+    "quantization": FlagExtra(choices=("auto", "none", "int8", "int4"),
+                              help="CPU weight quantization (docs/engine.md, 'Quantized and bf16 weights')"),
     "num_threads": FlagExtra(help="torch threads on CPU (default: every core; `serve` leaves one core to its IO "
                                   "processes on 3-8 cores, docs/server.md)"),
     "attention_backend": FlagExtra(choices=("auto", "torch", "triton")),

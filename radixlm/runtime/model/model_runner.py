@@ -16,6 +16,7 @@ from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.forward import ForwardBatch, to_device
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.kv_pool import KVPool
+from radixlm.runtime.model.quant.setup import apply_plan, plan_weights
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
 from radixlm.runtime.model.weight_layout import apply_weight_layout, resolve_layout
@@ -31,6 +32,7 @@ _CPU_MAX_AUTO_TOKENS = 1 << 17
 class RunnerInfo:
     device: str
     dtype: str
+    quantization: str  # none | int8 | int4 (model/quant/)
     num_threads: int
     context_len: int
     max_total_tokens: int
@@ -104,7 +106,10 @@ class ModelRunner:
         from radixlm.runtime.model.loader import iter_weights
 
         self.device = resolve_device(model_config.device)
-        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        plan = plan_weights(model_config.quantization, model_config.dtype,
+                            resolve_dtype(model_config.dtype, self.device), self.device, model_config.tp_size,
+                            model_config.model_path)
+        self.dtype, self.quantization = plan.dtype, plan.quantization
         threads = model_config.num_threads or default_num_threads()
         self.layout = resolve_layout(model_config.weight_layout, self.device, self.dtype, threads)
         if model_config.tp_size > 1:
@@ -125,6 +130,7 @@ class ModelRunner:
             for p in model.parameters():  # rotary cos/sin buffers stay fp32 (they are cast per use)
                 p.data = p.data.to(self.dtype)
             apply_weight_layout(model, self.layout, threads)
+            apply_plan(model, plan, hf_config)  # after the layout: an unquantized part keeps it
         self.model = model
         self.dims = model.dims
         logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
@@ -138,7 +144,8 @@ class ModelRunner:
         self.backend = self._attention_backend(model_config.attention_backend)
         self.sm_scale = d.head_dim ** -0.5
         self.graphs: DecodeGraphRunner | None = None  # set by capture_decode_graphs (CUDA only)
-        self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), torch.get_num_threads(),
+        self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
+                               torch.get_num_threads(),
                                self.context_len, self.max_total_tokens, d.vocab_size, str(model_dir),
                                (getattr(hf_config, "architectures", None) or ["?"])[0])
 

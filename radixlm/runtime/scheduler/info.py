@@ -18,6 +18,7 @@ def model_info(built: "BuiltScheduler", config: "EngineConfig") -> dict[str, Any
     """What does not change while serving (the server sends it once, in the ready handshake)."""
     info = built.runner.info
     return {"model_path": str(built.model_dir), "device": info.device, "dtype": info.dtype,
+            "quantization": info.quantization,
             "num_threads": info.num_threads, "context_length": info.context_len,
             "vocab_size": info.vocab_size, "max_total_num_tokens": info.max_total_tokens,
             "architecture": info.architecture, "eos_token_ids": sorted(built.eos_token_ids),

@@ -1,0 +1,131 @@
+"""Which weight quantization a model runs with, and replacing its linear weights with quantized ones.
+
+Runs in the scheduler process, once, after loading and the weight layout (not on tensor-parallel ranks).
+Modes (ModelConfig.quantization, SGLang's --quantization):
+  none  fp32 (or the model dtype) as loaded: the reference the parity tests use.
+  int8  8-bit weights with per-channel scales, _weight_int8pack_mm with bf16 activations (fbgemm's
+        dynamic int8 linear was faster but quantizes activations too: +93% perplexity, docs/benchmarks.md).
+  int4  4-bit weights in groups of 32 inputs (scale + zero each), _weight_int4pack_mm_for_cpu with bf16
+        activations (its fp32-activation path was measured 10-40x slower).
+  auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
+        on the CPU and none elsewhere.
+q/k/v (fused), o, gate/up (fused) and down are quantized; the LM head (QUANTIZE_LM_HEAD: measured too
+sensitive), norms, embeddings, biases and the KV cache keep the model dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from radixlm.runtime.model.quant.kernels import (
+    GROUP, Int4Weight, pack_int4, quant_linear, quantize_int4, quantize_int8,
+)
+
+logger = logging.getLogger(__name__)
+
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+DEFAULT_CPU = "none"
+# The LM head (SmolLM2: the tied embedding, 21% of the weights) measured far more sensitive than the
+# layers: int4 +5.75% ppl with it quantized, +0.19% with it dense; int8 +1.33% / +1.09%. It stays dense
+# (fp32, in the weight layout's blocks) in both modes.
+QUANTIZE_LM_HEAD = {"int8": False, "int4": False}  # see docs/engine.md "Quantized and bf16 weights" for why
+
+# GGUF tensor types whose linear weights a mode keeps as they are (int4) or reads as its own (int8).
+GGUF_MODES = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}
+
+# (owner path, attribute, HF names of the parts fused into it, in row order)
+_LAYER_WEIGHTS = (("self_attn", "qkv_weight", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                  ("self_attn", "o_weight", ("self_attn.o_proj",)),
+                  ("", "gate_up_weight", ("mlp.gate_proj", "mlp.up_proj")),
+                  ("", "down_weight", ("mlp.down_proj",)))
+
+# HF weight name -> (q [out, in] in 0..15, scale, zero [out, in / 32]): int4 values read from a GGUF as is.
+Int4Source = Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def resolve_quantization(requested: str, device: torch.device, tp_size: int, gguf_mode: str | None) -> str:
+    """The concrete mode ("none", "int8" or "int4"); ValueError for a bad name or an unsupported setup.
+    gguf_mode: GGUF_MODES' mode for a GGUF model's linear weights (None: not a quantized GGUF)."""
+    if requested not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {requested!r}")
+    if requested == "auto":
+        if device.type != "cpu" or tp_size > 1:
+            return "none"
+        return gguf_mode or DEFAULT_CPU
+    if requested != "none" and device.type != "cpu":
+        raise ValueError(f"quantization={requested} runs on the CPU only (torch's CPU kernels); "
+                         f"this model runs on {device.type}: use quantization=none")
+    if requested != "none" and tp_size > 1:
+        raise ValueError(f"quantization={requested} is not supported with tp_size > 1")
+    return requested
+
+
+def _quantizer(mode: str) -> Callable[[torch.Tensor], object]:
+    if mode == "int8":
+        return lambda w: quantize_int8(w, torch.bfloat16)
+    if mode == "int4":
+        return lambda w: quantize_int4(w, torch.bfloat16)
+    raise ValueError(f"not a quantized mode: {mode!r}")
+
+
+def _as_matrix(w: torch.Tensor) -> torch.Tensor:
+    """The logical [out, in] matrix of a weight in any layout (a blocks view is [p, out/p, in])."""
+    return w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
+
+
+def _from_source(parts: list[str], source: Int4Source) -> Int4Weight | None:
+    if not parts or not all(p in source for p in parts):
+        return None
+    q, scale, zero = (torch.cat([source[p][i] for p in parts]) for i in range(3))
+    return pack_int4(q, scale, zero, torch.bfloat16)
+
+
+def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None) -> int:
+    """Replace the model's linear weights by `mode`'s quantized ones, in place; returns how many were
+    taken from `source` as they are (a GGUF's int4 blocks) instead of quantized from the loaded weights."""
+    if mode == "none":
+        return 0
+    quantize, exact = _quantizer(mode), 0
+    source = source if mode == "int4" else None
+    for i, layer in enumerate(model.layers):
+        for owner_path, attr, parts in _LAYER_WEIGHTS:
+            owner = layer.get_submodule(owner_path) if owner_path else layer
+            names = [f"model.layers.{i}.{p}.weight" for p in parts]
+            weight = _from_source(names, source) if source else None
+            exact += weight is not None
+            if weight is None:
+                weight = quantize(_as_matrix(getattr(owner, attr).data))
+            del owner._parameters[attr]  # a plain attribute now: the module's `linear` knows its format
+            setattr(owner, attr, weight)
+        layer.linear = layer.self_attn.linear = quant_linear
+    if not QUANTIZE_LM_HEAD[mode]:
+        return exact
+    head_name = "lm_head.weight" if model.lm_head is not None else "model.embed_tokens.weight"
+    head = _from_source([head_name], source) if source else None
+    exact += head is not None
+    if head is None:
+        dense = model.embed_tokens if model.lm_head is None else model.lm_head
+        head = quantize(dense.data)
+    model.lm_head_matmul, model.lm_head_single_row, model.linear = head, None, quant_linear
+    if model.lm_head is not None:  # an untied head is used only as a matmul: drop the dense copy
+        model.lm_head = None
+    return exact
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights, dense and quantized (for the startup log)."""
+    total = sum(p.nbytes for p in model.parameters())
+    for module in model.modules():
+        for value in vars(module).values():
+            nbytes = getattr(value, "nbytes", None)
+            if callable(nbytes):
+                total += nbytes()
+    return total
+
+
+__all__ = ["GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "quantize_model", "resolve_quantization",
+           "weight_bytes"]

@@ -1,0 +1,119 @@
+"""Weight-only int8 / int4 matmuls on the CPU with torch's own kernels, and the weight formats they take.
+
+Runs in the scheduler process. int8: per-output-channel symmetric scales, torch.ops.aten._weight_int8pack_mm.
+int4: groups of GROUP inputs with an asymmetric scale and zero each, packed by
+_convert_weight_to_int4pack_for_cpu and multiplied by _weight_int4pack_mm_for_cpu; the kernel computes
+w = (q - 8) * scale + zero for q in 0..15, which represents GGUF's q4_0 / q4_1 / q4_K blocks exactly (see
+gguf_source.py). Both kernels dequantize tiles in registers: the weight streams from memory at 1/4 or
+1/8 of fp32's bytes. Kernel choices and activation dtypes are measured (docs/benchmarks.md, "Quantized and
+bf16 weights").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUP = 32  # int4 group size: GGUF's block size, and it divides every SmolLM2 / Llama input size
+
+
+@dataclass(frozen=True, eq=False)
+class Int8Weight:
+    """[out, in] int8 values and their per-output-channel scale ([out], the activation dtype)."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.qweight.shape
+
+    def nbytes(self) -> int:
+        return self.qweight.nbytes + self.scales.nbytes
+
+
+@dataclass(frozen=True, eq=False)
+class Int4Weight:
+    """The kernel's packed int4 tiles of an [out, in] weight and its [in / group, out, 2] scales and zeros."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor
+    group: int
+    out_features: int
+    in_features: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_zeros.nbytes
+
+
+
+
+def quantize_int8(w: torch.Tensor, act_dtype: torch.dtype) -> Int8Weight:
+    """Symmetric per-row int8: scale = max|w_row| / 127, q = round(w / scale)."""
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return Int8Weight(q.contiguous(), scale.to(act_dtype))
+
+
+def int4_qparams(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric groupwise int4 (as gpt-fast and GGUF's q4_1 do it): for each group of `group` inputs,
+    scale = (max - min) / 15, q = round((w - min) / scale) in 0..15. Returns q [out, in] (int32) and the
+    kernel's scale and zero [out, in / group] (zero = min + 8 * scale)."""
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"int4 needs the input size ({k}) to be a multiple of the group size {group}")
+    g = w.float().reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).reshape(n, k)
+    return q, scale, lo + 8 * scale
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, act_dtype: torch.dtype) -> Int4Weight:
+    """q [out, in] in 0..15 and scale/zero [out, in / group] -> the kernel's format."""
+    n, k = q.shape
+    group = k // scale.shape[1]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    sz = torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).contiguous().to(act_dtype)
+    return Int4Weight(packed, sz, group, n, k)
+
+
+def quantize_int4(w: torch.Tensor, act_dtype: torch.dtype, group: int = GROUP) -> Int4Weight:
+    return pack_int4(*int4_qparams(w, group), act_dtype)
+
+
+def dequantize(w: QuantWeight) -> torch.Tensor:
+    """The fp32 [out, in] matrix that a quantized weight stands for (the tests' reference)."""
+    if isinstance(w, Int8Weight):
+        return w.qweight.float() * w.scales.float()[:, None]
+    eye = torch.eye(w.in_features)  # x = I gives W^T, through the kernel itself (fp32: no bf16 rounding)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, w.packed, w.group, w.scales_zeros.float()).t()
+
+
+def _int4_mm(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, w.group, w.scales_zeros)
+
+
+QuantWeight = Int8Weight | Int4Weight
+
+
+def quant_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) for a quantized W; x [..., in] in any float dtype, the result in x's dtype.
+    Activations are cast to the dtype the weight's scales were stored in (the kernels require it)."""
+    act = w.scales.dtype if isinstance(w, Int8Weight) else w.scales_zeros.dtype
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dtype != act:
+        x2 = x2.to(act)
+    if isinstance(w, Int8Weight):
+        y = torch.ops.aten._weight_int8pack_mm(x2, w.qweight, w.scales)
+    else:
+        y = _int4_mm(x2.contiguous(), w)
+    y = y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+    return y if bias is None else y.add_(bias)
+

@@ -1,0 +1,76 @@
+"""The weight format a ModelRunner uses, decided once at start-up from the config, the CPU and the model
+file, and logged. Runs in the scheduler process."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from radixlm.runtime.model.quant.apply import GGUF_MODES, quantize_model, resolve_quantization, weight_bytes
+from radixlm.runtime.model.quant.cpu_caps import CpuCaps, cpu_caps
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    quantization: str  # none | int8 | int4
+    dtype: torch.dtype  # of everything not quantized (and the KV cache)
+    caps: CpuCaps
+    gguf_path: Path | None  # the model's GGUF file, when it is one
+
+
+def resolve_cpu_dtype(dtype: torch.dtype, requested: str, caps: CpuCaps) -> torch.dtype:
+    """bf16 on a CPU without native bf16 (AVX512-BF16 / AMX) would run emulated, slower than fp32:
+    fall back to fp32 and say so (a config written for one machine still runs, never slower, on another)."""
+    if dtype == torch.bfloat16 and not caps.native_bf16:
+        logger.warning("dtype=%s: this CPU (%s) has no native bf16 (AVX512-BF16 or AMX); using float32, "
+                       "which is faster here", requested, caps.describe())
+        return torch.float32
+    return dtype
+
+
+def gguf_linear_mode(gguf_path: Path | None) -> str | None:
+    """int8 / int4 when a GGUF's linear weights are mostly q8_0 / 4-bit blocks (GGUF_MODES), else None."""
+    if gguf_path is None:
+        return None
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    types = [t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(
+        ("attn_q.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))]
+    modes = [GGUF_MODES.get(t) for t in types]
+    for mode in ("int4", "int8"):
+        if modes and modes.count(mode) * 2 >= len(modes):
+            return mode
+    return None
+
+
+def plan_weights(requested: str, requested_dtype: str, dtype: torch.dtype, device: torch.device,
+                 tp_size: int, model_path: str | None) -> WeightPlan:
+    caps = cpu_caps()
+    if device.type == "cpu":
+        dtype = resolve_cpu_dtype(dtype, requested_dtype, caps)
+    gguf_path = Path(model_path).expanduser() if model_path and str(model_path).lower().endswith(".gguf") else None
+    mode = resolve_quantization(requested, device, tp_size, gguf_linear_mode(gguf_path) if requested == "auto"
+                                else None)
+    return WeightPlan(mode, dtype, caps, gguf_path)
+
+
+def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
+    """Quantize the loaded model as planned (int4 from a GGUF's own 4-bit blocks where it has them)."""
+    source = None
+    if plan.quantization == "int4" and plan.gguf_path is not None:
+        from radixlm.runtime.model.quant.gguf_source import read_int4_blocks
+
+        source = read_int4_blocks(plan.gguf_path, hf_config)
+    exact = quantize_model(model, plan.quantization, source)
+    detail = {"none": "", "int8": ", int8 per channel, bf16 activations",
+              "int4": ", int4 groups of 32, bf16 activations"}[plan.quantization]
+    from_gguf = f", {exact} taken from the GGUF's 4-bit blocks as they are" if source is not None else ""
+    logger.info("weights: quantization=%s%s%s, dtype=%s, %.1f MB; CPU %s", plan.quantization, detail, from_gguf,
+                str(plan.dtype).removeprefix("torch."), weight_bytes(model) / 1e6, plan.caps.describe())
