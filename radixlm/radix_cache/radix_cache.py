@@ -13,6 +13,7 @@ insert), never the wall clock, so eviction order is deterministic.
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -157,6 +158,19 @@ class RadixCache:
                 self._protected_size -= len(cur.key)
                 self._evictable_size += len(cur.key)
 
+    def record_hit(self, node: TreeNode) -> None:
+        """A request was admitted with a cached prefix ending at `node`: count a hit on its path (display
+        and statistics only; nothing else reads hit_count)."""
+        cur: TreeNode | None = node
+        while cur is not None and not cur.is_root:
+            cur.hit_count += 1
+            cur = cur.parent
+
+    @property
+    def clock(self) -> int:
+        """The logical clock's current tick (a node's age in ticks is clock - last_access_time)."""
+        return self._clock
+
     def evict(self, num_tokens: int) -> int:
         """Free least-recently-used unlocked leaves until num_tokens are freed; return tokens freed.
 
@@ -233,6 +247,7 @@ class RadixCache:
         """
         node, pos = root, 0
         pieces: list[torch.Tensor] = []
+        wall = time.monotonic()  # display only (dashboard); eviction uses the logical time
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
@@ -241,6 +256,7 @@ class RadixCache:
             if matched < len(child.key):
                 child = split_node(child, matched)
             child.last_access_time = now
+            child.last_access_s = wall
             pieces.append(child.slots)
             # After a split the next token differs from the tail's first token, so the loop ends.
             node, pos = child, pos + matched

@@ -8,6 +8,7 @@ namespace) hold an empty key and are never locked, evicted or counted.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,7 +26,11 @@ class TreeNode:
     - lock_ref counts the holders of this node or of any descendant: a lock on a node increments it
       and every ancestor, so lock_ref >= sum(child.lock_ref for child in children);
     - last_access_time is a logical clock tick; a path is touched as a whole, so a parent's time is
-      never older than a child's (which is what makes leaf-first LRU eviction evict in LRU order).
+      never older than a child's (which is what makes leaf-first LRU eviction evict in LRU order);
+    - hit_count counts admitted requests whose cached prefix ran through this node (RadixCache.record_hit
+      counts a hit on the node and every ancestor, as a lock), so hit_count >= sum(child.hit_count).
+    last_access_s (time.monotonic of the last touch) is for display only (the dashboard): eviction order
+    never reads the wall clock.
     """
 
     __slots__ = (
@@ -38,6 +43,8 @@ class TreeNode:
         "last_access_time",
         "is_root",
         "node_id",
+        "hit_count",
+        "last_access_s",
     )
 
     def __init__(
@@ -59,6 +66,8 @@ class TreeNode:
         self.is_root = is_root
         # Unique and increasing: a deterministic tie-break for the eviction heap and a name in dumps.
         self.node_id = next(_NODE_IDS)
+        self.hit_count = 0
+        self.last_access_s = time.monotonic()
 
     @classmethod
     def new_root(cls, namespace: str, device: torch.device | str) -> TreeNode:
@@ -118,6 +127,7 @@ def split_node(child: TreeNode, at: int) -> TreeNode:
     head = TreeNode(child.namespace, child.key[:at], child.slots[:at].clone(), parent,
                     child.last_access_time)
     head.lock_ref = child.lock_ref
+    head.hit_count, head.last_access_s = child.hit_count, child.last_access_s  # every hit on the tail was one here
     child.key, child.slots = child.key[at:], child.slots[at:].clone()
     child.parent = head
     head.children[child.key[0]] = child
@@ -173,5 +183,7 @@ def check_node(node: TreeNode, namespace: str) -> None:
     assert node.lock_ref >= 0, f"{node!r}: negative lock_ref"
     child_refs = sum(child.lock_ref for child in node.children.values())
     assert node.lock_ref >= child_refs, f"{node!r}: lock_ref < sum of children's {child_refs}"
+    child_hits = sum(child.hit_count for child in node.children.values())
+    assert node.hit_count >= child_hits, f"{node!r}: hit_count {node.hit_count} < sum of children's {child_hits}"
     if not parent.is_root:
         assert parent.last_access_time >= node.last_access_time, f"{node!r}: newer than its parent"

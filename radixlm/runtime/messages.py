@@ -119,7 +119,8 @@ class GenerateReq(msgspec.Struct, tag=True):
 
 class ControlReq(msgspec.Struct, tag=True):
     """A management call answered by a ControlResp with the same req_id. kind: server_info |
-    flush_cache | debug_check (scheduler), debug_state (detokenizer); shutdown (both; no answer)."""
+    flush_cache | debug_check | dashboard_snapshot (scheduler), debug_state (detokenizer); shutdown (both;
+    no answer)."""
 
     req_id: str
     kind: str

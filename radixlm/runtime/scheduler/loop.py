@@ -24,6 +24,7 @@ from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.messages import (AbortReq, ControlReq, ControlResp, FinishReason, GenerateReq, Heartbeat,
                                       ProcessReady, RequestError, TokenizedGenerateReq, TokenOut, encode)
 from radixlm.runtime.proc import IpcAddrs
+from radixlm.runtime.scheduler.dashboard import SnapshotBuilder
 from radixlm.runtime.scheduler.info import live_info, model_info
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.scheduler.scheduler import Scheduler
@@ -93,6 +94,7 @@ class SchedulerLoop:
         self.shutdown_message = shutdown_message  # the finish message of requests still running at shutdown
         self._last_heartbeat = 0.0
         self.status = StatusLog()
+        self.dashboard = SnapshotBuilder()  # builds only when a dashboard_snapshot request comes
 
     def run(self) -> None:
         """Until a shutdown ControlReq arrives (requests still in flight are then aborted)."""
@@ -181,6 +183,8 @@ class SchedulerLoop:
                 return ControlResp(msg.req_id, True, live_info(self.scheduler))
             if msg.kind == "debug_check":
                 return self._debug_check(msg.req_id)
+            if msg.kind == "dashboard_snapshot":
+                return ControlResp(msg.req_id, True, self.dashboard.snapshot(self.scheduler))
             return ControlResp(msg.req_id, False, error=f"unknown control request {msg.kind!r}")
         except Exception as exc:
             logger.exception("control request %s failed", msg.kind)

@@ -224,6 +224,8 @@ class Scheduler:
         return limit
 
     def _record_admission(self, req: Req) -> None:
+        if req.tree_len and self.kv.tree is not None:  # the dashboard's per-node hit counts
+            self.kv.tree.record_hit(req.last_node)
         if not req.first_admitted:
             req.first_admitted = True
             req.cached_len = req.tree_len

@@ -171,6 +171,10 @@ async def native_stream(tm: TokenizerManager, handle: RequestHandle, events: Eve
 def create_app(ctx: AppContext) -> FastAPI:
     # The route modules import this one's helpers, so they load here, once the helpers exist.
     from radixlm.runtime.server.admin import router as admin_router
+    from radixlm.runtime.server.dashboard.hub import DashboardHub
+    from radixlm.runtime.server.dashboard.programs import TraceStore
+    from radixlm.runtime.server.dashboard.routes import PUBLIC_PATHS
+    from radixlm.runtime.server.dashboard.routes import router as dashboard_router
     from radixlm.runtime.server.native_api import VERSION
     from radixlm.runtime.server.native_api import router as native_router
     from radixlm.runtime.server.openai_api import router as openai_router
@@ -179,11 +183,15 @@ def create_app(ctx: AppContext) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx  # what each route's `ctx: Ctx` parameter receives (server/context.py)
     install_error_handlers(app)
-    for router in (native_router, openai_router, admin_router):
+    app.state.dashboard = DashboardHub(ctx.tm)  # /dashboard (server/dashboard/)
+    app.state.program_traces = TraceStore()
+    ctx.tm.listeners.append(app.state.dashboard.on_output)
+    for router in (native_router, openai_router, admin_router, dashboard_router):
         app.include_router(router)
     install_docs(app, VERSION)
     # Outermost last: request id wraps auth wraps the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=ctx.config.max_body_bytes)
-    app.add_middleware(AuthMiddleware, api_keys=ctx.config.api_keys, admin_api_key=ctx.config.admin_api_key)
+    app.add_middleware(AuthMiddleware, api_keys=ctx.config.api_keys, admin_api_key=ctx.config.admin_api_key,
+                       public_paths=PUBLIC_PATHS)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -103,8 +103,11 @@ class AuthMiddleware:
     """Bearer-key check on every route but the allowlist; sets state.namespace, state.is_admin and
     state.is_operator."""
 
-    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...], admin_api_key: str | None):
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...], admin_api_key: str | None,
+                 public_paths: frozenset[str] = frozenset()):
         self.app = app
+        # Also without a key: static page shells that hold no data (the dashboard's; they ask for the key).
+        self.allowlist = AUTH_ALLOWLIST | public_paths
         self.keys = [(k.encode(), namespace_for_key(k)) for k in api_keys]
         self.admin_key = admin_api_key.encode() if admin_api_key else None
 
@@ -133,7 +136,7 @@ class AuthMiddleware:
         single_tenant = len(self.keys) == 1 and self.admin_key is None
         state["is_operator"] = is_admin or not self.keys or (single_tenant and ok)
         raw_path = scope.get("raw_path", b"").split(b"?")[0].decode("latin-1")
-        needs_key = bool(self.keys) and raw_path not in AUTH_ALLOWLIST
+        needs_key = bool(self.keys) and raw_path not in self.allowlist
         if needs_key and not ok:
             return await send_error(send, 401, "missing or invalid API key", "invalid_api_key",
                                     state.get("request_id", ""))

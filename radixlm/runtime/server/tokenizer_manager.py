@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Union
+from typing import Any, AsyncIterator, Callable, Union
 
 import msgspec
 import zmq
@@ -76,6 +76,9 @@ class TokenizerManager:
         self.heartbeat: Heartbeat | None = None  # summed over the ranks
         self._control: dict[str, asyncio.Future] = {}
         self._ready_event = asyncio.Event()
+        # Called with (StrOut, RequestHandle, perf_counter now) for every output, before it is recorded
+        # (the dashboard's request timelines and rates); a listener must be cheap and never raise.
+        self.listeners: list[Callable[[StrOut, RequestHandle, float], None]] = []
 
     async def start(self) -> None:
         self.ctx = zmq.asyncio.Context()
@@ -163,6 +166,11 @@ class TokenizerManager:
             return
         out.payload = self.streams.assemble(out)  # streamed deltas -> the cumulative native shape
         now = time.perf_counter()
+        for listener in self.listeners:
+            try:
+                listener(out, handle, now)
+            except Exception:  # a display bug must never lose an output
+                logger.exception("output listener failed")
         if out.num_new_tokens:
             last = handle.last_token_at.get(out.rid)
             if last is None:
