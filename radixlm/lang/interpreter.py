@@ -9,6 +9,7 @@ the next submit, read or sync.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import queue
 import threading
@@ -20,6 +21,7 @@ from radixlm.lang.ir import (SglArgument, SglCommitLazy, SglConcateAndAppend, Sg
                              variable_names)
 from radixlm.lang.origin import Origin, annotate
 from radixlm.lang.params import GenParams
+from radixlm.lang.program_trace import CallRecord, TraceRecorder, usage_of
 from radixlm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -31,8 +33,10 @@ class StreamExecutor:
 
     def __init__(self, backend: "BaseBackend", arguments: dict[str, Any], default_params: GenParams,
                  chat_template: "ChatTemplate | None", stream: bool, num_api_spec_tokens: int | None = None,
-                 use_thread: bool = True):
+                 use_thread: bool = True, trace: TraceRecorder | None = None):
         self.sid = uuid.uuid4().hex
+        self.trace = trace  # the run's call record (program_trace.py), shared with fork branches
+        self._call: CallRecord | None = None  # the call executing now (note_usage adds to it)
         self.backend = backend
         self.arguments = arguments
         self.default_params = default_params
@@ -144,7 +148,7 @@ class StreamExecutor:
         children = []
         for _ in range(size):
             child = StreamExecutor(self.backend, self.arguments, self.default_params, self.chat_template,
-                                   self.stream)
+                                   self.stream, trace=self.trace)
             child.variables = dict(self.variables)
             child.text_ = self.text_
             child.messages_ = list(self.messages_)
@@ -152,6 +156,11 @@ class StreamExecutor:
             child.cur_role_begin_pos = self.cur_role_begin_pos
             child.fork_start_text_pos = len(self.text_)
             children.append(child)
+        if self.trace is not None:
+            with self.trace.call(self, "fork") as rec:
+                rec.children = [child.sid for child in children]
+                for child in children:
+                    self.trace.add_state(child, parent=self.sid, fork_pos=len(self.text_))
         return children
 
     # ---- worker -------------------------------------------------------------------------------
@@ -205,6 +214,25 @@ class StreamExecutor:
         if event is not None:
             event.set()
 
+    # ---- trace --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _recorded(self, kind: str, name: Any = None) -> Any:
+        """The call's trace record (None when this run is not traced) while it executes."""
+        if self.trace is None:
+            yield None
+            return
+        with self.trace.call(self, kind, name) as rec:
+            self._call = rec
+            try:
+                yield rec
+            finally:
+                self._call = None
+
+    def note_usage(self, meta_info: Any) -> None:
+        """A backend reports the token counts of a request it made for the current call (select's prefill)."""
+        if self._call is not None:
+            self._call.usage.update(usage_of(meta_info))
+
     # ---- execution ----------------------------------------------------------------------------
     def _execute(self, expr: SglExpr | str) -> None:
         if isinstance(expr, str):
@@ -231,10 +259,15 @@ class StreamExecutor:
         return params
 
     def _execute_gen(self, expr: SglGen) -> None:
+        with self._recorded("gen", expr.name):
+            self._gen(expr)
+
+    def _gen(self, expr: SglGen) -> None:
         params = self.resolve_params(expr.sampling_params)
         name = expr.name
         if not self.stream:
             comp, meta_info = self.backend.generate(self, params)
+            self.note_usage(meta_info)
             self.text_ += comp[0] if isinstance(comp, list) else comp
             self.variables[name] = comp
             self.meta_info[name] = meta_info
@@ -248,15 +281,17 @@ class StreamExecutor:
             self.meta_info[name] = meta_info
             self._var_progress(name)
             self.stream_text_event.set()
+        self.note_usage(self.meta_info.get(name))
         self._var_done(name)
 
     def _execute_select(self, expr: SglSelect) -> None:
-        decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)
+        with self._recorded("select", expr.name):
+            decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)
+            self.text_ += decision.decision
         if expr.name is not None:
             self.variables[expr.name] = decision.decision
             self.meta_info[expr.name] = decision.meta_info
             self._var_done(expr.name)
-        self.text_ += decision.decision
 
     def _execute_role_begin(self, expr: SglRoleBegin) -> None:
         if self.cur_role is not None:
@@ -288,7 +323,8 @@ class StreamExecutor:
         self._var_done(expr.name)
 
     def _execute_commit(self, expr: SglCommitLazy) -> None:
-        self.backend.commit_lazy_operations(self)
+        with self._recorded("commit"):
+            self.backend.commit_lazy_operations(self)
 
     def _execute_concat(self, expr: SglConcateAndAppend) -> None:
         children = [state.stream_executor for state in expr.states]
@@ -300,9 +336,12 @@ class StreamExecutor:
             child.sync()
             if use_kv and child.fork_start_text_pos != len(self.text_):
                 raise ValueError("concate_and_append needs every branch forked from this state's current text")
-        self.text_ += "".join(child.text_[child.fork_start_text_pos:] for child in children)
-        if use_kv:
-            self.backend.concatenate_and_append([child.sid for child in children], self.sid)
+        with self._recorded("join") as rec:
+            if rec is not None:
+                rec.children = [child.sid for child in children]
+            self.text_ += "".join(child.text_[child.fork_start_text_pos:] for child in children)
+            if use_kv:
+                self.backend.concatenate_and_append([child.sid for child in children], self.sid)
 
     def _execute_argument(self, expr: SglArgument) -> None:
         self._fill(expr)  # only while tracing: str() of a placeholder stops the trace

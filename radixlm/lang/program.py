@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import tqdm
 
@@ -19,7 +20,12 @@ from radixlm.lang.backend.base import BaseBackend
 from radixlm.lang.global_config import global_config
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.params import RUN_OPTION_NAMES, GenParams
+from radixlm.lang.program_trace import TraceRecorder
 from radixlm.lang.state import ProgramState
+
+# run(trace=...) / run_batch(trace=...): a path writes the trace's HTML (.json: its JSON) when the run ends;
+# True posts it to the server of a RuntimeEndpoint backend (its /dashboard/programs).
+TraceOption = Union[str, "os.PathLike[str]", bool, None]
 
 
 def resolve_backend(backend: Any) -> BaseBackend:
@@ -65,21 +71,35 @@ class SglFunction:
     def run(self, *args: Any, stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
         """Run once. Keyword arguments that name a sampling option (any SamplingParams field, or a logprob
         field: lang/params.py) are the defaults of every gen, unless the program itself declares an
-        argument of that name; all others are the program's arguments."""
+        argument of that name; all others are the program's arguments. `trace=` (unless the program has an
+        argument of that name): see TraceOption."""
+        trace = kwargs.pop("trace", None) if "trace" not in self.arg_names else None
         defaults, program_kwargs = self._split_options(kwargs)
-        return run_program(self, resolve_backend(backend), args, program_kwargs, defaults, stream)
+        backend = resolve_backend(backend)
+        _check_trace_option(trace, backend, stream)
+        state = run_program(self, backend, args, program_kwargs, defaults, stream)
+        if not stream:
+            apply_trace_option(state, trace, backend)
+        return state
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]] | list[tuple[Any, ...]], *, backend: Any = None,
-                  num_threads: int | str = "auto", progress_bar: bool = False, **options: Any) -> list[ProgramState]:
+                  num_threads: int | str = "auto", progress_bar: bool = False, trace: TraceOption = None,
+                  **options: Any) -> list[ProgramState]:
         """Run once per item (a dict of arguments, or a tuple in parameter order); results in input order.
-        `options`: sampling options, as for run()."""
+        `options`: sampling options, as for run(). Every item records into one trace (each state's
+        `trace()` is the whole batch's); `trace=`: see TraceOption."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of argument dicts")
         items = [self._as_kwargs(item) for item in batch_kwargs]
         defaults, unknown = self._split_options(options)
         if unknown:
             raise TypeError(f"run_batch got unknown keyword arguments {sorted(unknown)}")
-        return run_program_batch(self, resolve_backend(backend), items, defaults, num_threads, progress_bar)
+        backend = resolve_backend(backend)
+        _check_trace_option(trace, backend, False)
+        states = run_program_batch(self, backend, items, defaults, num_threads, progress_bar)
+        if states:
+            apply_trace_option(states[0], trace, backend)
+        return states
 
     def _split_options(self, kwargs: dict[str, Any]) -> tuple[GenParams, dict[str, Any]]:
         """(the sampling defaults, the program's own arguments) among run()'s keywords."""
@@ -108,10 +128,35 @@ class SglFunction:
         return self.run(*args, **kwargs)
 
 
+def _check_trace_option(trace: TraceOption, backend: BaseBackend, stream: bool) -> None:
+    if trace is None or trace is False:
+        return
+    if stream:
+        raise ValueError("trace= does not apply to stream=True; call state.save_trace(path) once the stream ends")
+    if trace is True and not backend.can_publish_traces():
+        raise ValueError(f"trace=True posts the trace to a server, which {type(backend).__name__} has none of; "
+                         "pass a file name (trace='run.html') instead")
+
+
+def apply_trace_option(state: ProgramState, trace: TraceOption, backend: BaseBackend) -> None:
+    """After a run: write or post its trace as asked (RuntimeEndpoint(publish_traces=True): always post)."""
+    if trace is True or (trace is None and getattr(backend, "publish_traces", False)):
+        state.publish_trace()
+    elif trace:
+        state.save_trace(trace)
+
+
 def run_program(program: SglFunction, backend: BaseBackend, args: tuple[Any, ...], kwargs: dict[str, Any],
-                defaults: GenParams, stream: bool, use_thread: bool = True) -> ProgramState:
+                defaults: GenParams, stream: bool, use_thread: bool = True,
+                recorder: TraceRecorder | None = None, item: int | None = None) -> ProgramState:
+    """One run; `recorder`: the batch's shared trace (a run of its own gets a new one), `item` its index."""
     kwargs = {**kwargs, **program.bind_arguments}
-    exe = StreamExecutor(backend, kwargs, defaults, None, stream, program.num_api_spec_tokens, use_thread)
+    own_trace = recorder is None
+    if recorder is None:
+        recorder = TraceRecorder(program.__name__, backend.get_model_name())
+    exe = StreamExecutor(backend, kwargs, defaults, None, stream, program.num_api_spec_tokens, use_thread,
+                         trace=recorder)
+    recorder.add_state(exe, item=item)
     state = ProgramState(exe)
     if stream:
         threading.Thread(target=_run_in_background, args=(state, program, args, kwargs), daemon=True).start()
@@ -120,7 +165,11 @@ def run_program(program: SglFunction, backend: BaseBackend, args: tuple[Any, ...
         state.ret_value = program.func(state, *args, **kwargs)
     finally:
         exe.end()
-    exe.sync()  # surfaces a failure of the last expressions, with their program line
+    try:
+        exe.sync()  # surfaces a failure of the last expressions, with their program line
+    finally:
+        if own_trace:
+            recorder.end()  # once the last expression has run
     return state
 
 
@@ -153,17 +202,19 @@ def run_program_batch(program: SglFunction, backend: BaseBackend, items: list[di
         num_threads = max(96, multiprocessing.cpu_count() * 16)
     num_threads = max(1, min(int(num_threads), len(items)))
     pbar = tqdm.tqdm(total=len(items), disable=not progress_bar)
+    recorder = TraceRecorder(f"{program.__name__} (run_batch of {len(items)})", backend.get_model_name())
 
-    def one(item: dict[str, Any]) -> ProgramState:
-        state = run_program(program, backend, (), item, defaults, stream=False)
+    def one(index: int, item: dict[str, Any]) -> ProgramState:
+        state = run_program(program, backend, (), item, defaults, stream=False, recorder=recorder, item=index)
         pbar.update(1)
         return state
 
     try:
         if num_threads == 1:
-            return [one(item) for item in items]
+            return [one(i, item) for i, item in enumerate(items)]
         with ThreadPoolExecutor(num_threads, thread_name_prefix="radixlm-batch") as pool:
-            futures = [pool.submit(one, item) for item in items]
+            futures = [pool.submit(one, i, item) for i, item in enumerate(items)]
             return [f.result() for f in futures]
     finally:
+        recorder.end()
         pbar.close()

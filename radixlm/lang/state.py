@@ -7,13 +7,18 @@ expression (recording the program line for error messages); reads wait for the v
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator
 
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.origin import caller_origin
 from radixlm.lang.ir import (SglConcateAndAppend, SglExpr, SglExprList, SglRoleBegin, SglRoleEnd,
                              SglVarScopeBegin, SglVarScopeEnd)
+
+if TYPE_CHECKING:
+    from radixlm.trace.schema import ProgramTrace
 
 
 class ProgramState:
@@ -104,6 +109,38 @@ class ProgramState:
 
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
+
+    # ---- the trace (program_trace.py; radixlm/trace) ------------------------------------------------
+    def trace(self) -> "ProgramTrace":
+        """What this run did, call by call (the whole batch's run for a run_batch state)."""
+        recorder = self.stream_executor.trace
+        if recorder is None:
+            raise ValueError("this program state records no trace")
+        self.stream_executor.sync()
+        return recorder.export()
+
+    def save_trace(self, path: "str | os.PathLike[str]") -> Path:
+        """Write the trace as one self-contained HTML file (opens offline), or as JSON if path ends in .json."""
+        from radixlm.trace.html import render_html
+        from radixlm.trace.schema import encode_trace
+
+        trace, out = self.trace(), Path(path)
+        if out.suffix == ".json":
+            out.write_bytes(encode_trace(trace))
+        else:
+            out.write_text(render_html(trace), encoding="utf-8")
+        return out
+
+    def publish_trace(self) -> dict[str, Any]:
+        """Post the trace to the backend's server (RuntimeEndpoint): shown at its /dashboard/programs, to
+        this API key only (and the admin key). Returns {"id", "url"}."""
+        return self.stream_executor.backend.publish_trace(self.trace())
+
+    def export_otel(self, tracer_provider: Any = None) -> None:
+        """The trace as OpenTelemetry spans (needs `opentelemetry-sdk`: pip install radixlm[otel])."""
+        from radixlm.trace.otel import export_spans
+
+        export_spans(self.trace(), tracer_provider)
 
     def __del__(self) -> None:
         executor = getattr(self, "stream_executor", None)

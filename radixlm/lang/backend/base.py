@@ -66,5 +66,14 @@ class BaseBackend(ABC):
     def get_server_info(self) -> dict[str, Any] | None:
         return None
 
+    # ---- program traces (radixlm/trace) ------------------------------------------------------------
+    def can_publish_traces(self) -> bool:
+        """Whether publish_trace can post a trace to a server's /dashboard/programs."""
+        return False
+
+    def publish_trace(self, trace: Any) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} has no server to post a trace to; "
+                                  "use state.save_trace('run.html')")
+
     def shutdown(self) -> None:
         """Release the backend's resources (a launched server, an HTTP client)."""

@@ -105,7 +105,9 @@ class NativeBackend(BaseBackend):
         if temperature > 1e-5:
             raise ValueError("select: only temperature 0 is supported (choices are scored, not sampled)")
         prefix = s.text_
-        prompt_len = self.transport.generate(_prefill_payload(prefix))["meta_info"]["prompt_tokens"]
+        prefill = self.transport.generate(_prefill_payload(prefix))["meta_info"]
+        s.note_usage(prefill)  # the trace's prompt and cached tokens of this select
+        prompt_len = prefill["prompt_tokens"]
         scored = self.transport.generate({
             "text": [prefix + c for c in choices],
             "sampling_params": {"max_new_tokens": 0, "temperature": 0},

@@ -89,6 +89,12 @@ class HttpTransport:
     def concate_and_append(self, src_rids: list[str], dst_rid: str) -> None:
         self.post_json("/concate_and_append_request", {"src_rids": src_rids, "dst_rid": dst_rid})
 
+    def post_trace(self, data: bytes) -> dict[str, Any]:
+        res = self.client.post("/dashboard/programs/traces", content=data,
+                               headers={"Content-Type": "application/json"})
+        _raise_for_status(res)
+        return res.json()
+
     def close(self) -> None:
         self.client.close()
 
@@ -103,8 +109,9 @@ class RuntimeEndpoint(NativeBackend):
     support_concate_and_append = True
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
-                 chat_template_name: str | None = None, timeout: float | None = None):
+                 chat_template_name: str | None = None, timeout: float | None = None, publish_traces: bool = False):
         transport = HttpTransport(base_url, api_key=api_key, timeout=timeout, verify=verify)
+        self.publish_traces = publish_traces  # post every run's trace to the server (/dashboard/programs)
         self.base_url = transport.base_url
         self.api_key = api_key
         self.model_info: dict[str, Any] = transport.get_json("/get_model_info")
@@ -114,6 +121,16 @@ class RuntimeEndpoint(NativeBackend):
         else:
             template = resolve_chat_template(model_path, self.model_info.get("chat_template"))
         super().__init__(transport, model_path, template)
+
+    def can_publish_traces(self) -> bool:
+        return True
+
+    def publish_trace(self, trace: Any) -> dict[str, Any]:
+        """POST the trace (radixlm/trace/schema.py) to /dashboard/programs/traces; returns {"id", "url"}."""
+        from radixlm.trace.schema import encode_trace
+
+        out = self.transport.post_trace(encode_trace(trace))
+        return {**out, "url": self.base_url + out["url"]}
 
     def shutdown(self) -> None:
         self.transport.close()
