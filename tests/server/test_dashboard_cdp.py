@@ -51,7 +51,8 @@ class Browser:
             time.sleep(0.05)
         port = int(port_file.read_text().split()[0])
         pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=30).json() if t["type"] == "page"]
-        self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 << 20, open_timeout=timeout)
+        self._ws_cm = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 << 20, open_timeout=timeout)
+        self.ws = self._ws_cm.__enter__()
         self._id = 0
         self.call("Page.enable")
         self.call("Runtime.enable")
@@ -103,9 +104,9 @@ class Browser:
         return path
 
     def close(self) -> None:
-        ws = getattr(self, "ws", None)
-        if ws is not None:
-            ws.close()
+        cm = getattr(self, "_ws_cm", None)
+        if cm is not None:
+            cm.__exit__(None, None, None)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

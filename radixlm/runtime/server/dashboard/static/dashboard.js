@@ -203,8 +203,11 @@
     const T = 120, L = 4, B = 14;
     const sx = t => L + (W - L - 4) * (t + T) / T;
     const total = Math.max(1, p.total);
-    const sy = v => 4 + (H - B - 4) * (1 - v / total);
     const visible = pts.filter(q => q[0] >= -T);
+    // The y axis ends a little above the busiest moment (a large pool would hide small usage), at most the pool.
+    const busiest = Math.max(p.used + p.evictable, ...visible.map(q => q[1] + q[2]), 1);
+    const ymax = Math.min(total, Math.ceil(busiest * 1.25));
+    const sy = v => 4 + (H - B - 4) * (1 - Math.min(v, ymax) / ymax);
     if (visible.length) {
       const layers = [["used", q => q[1]], ["evictable", q => q[1] + q[2]], ["free", q => q[1] + q[2] + q[3]]];
       layers.reverse().forEach(([name, top]) => {
@@ -221,6 +224,7 @@
       }
     }
     [-120, -90, -60, -30, 0].forEach(t => svg.appendChild(el("text", {x: sx(t), y: H - 2, class: "axis", "text-anchor": t === -120 ? "start" : t === 0 ? "end" : "middle"}, t ? `${t}s` : "now")));
+    svg.appendChild(el("text", {x: L + 2, y: 14, class: "axis"}, ymax < total ? `y: 0–${ymax} of ${total} slots (free above)` : `y: 0–${total} slots`));
     const pct = v => (100 * v / total).toFixed(1) + "%";
     $("poolnow").innerHTML = `<i class="sw used"></i>used <b data-testid="pool-used">${p.used}</b> (${pct(p.used)}, ${p.locked} of it locked cache)` +
       `<i class="sw evictable"></i>cached, evictable ${p.evictable} (${pct(p.evictable)})<i class="sw free"></i>free ${p.free} · total ${p.total} slots`;
