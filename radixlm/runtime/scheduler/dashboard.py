@@ -2,9 +2,10 @@
 
 Runs in the scheduler process (or the Engine's loop thread), between steps, only when asked (a
 `dashboard_snapshot` ControlReq): never on the step path. Rate-limited here as well as by the asker: a
-request within MIN_INTERVAL_S of the last build gets that build again. The tree is capped at MAX_NODES:
-the largest subtrees are kept, the smallest folded into their parent's `folded_*` counts. Namespaces and
-token ids are raw here; the HTTP process makes namespaces opaque and shows token text only to the admin key.
+request within MIN_INTERVAL_S of the last build (or longer after a slow build: at most BUDGET of the
+scheduler's time goes to builds) gets that build again. The tree is capped at MAX_NODES: the largest
+subtrees are kept, the smallest folded into their parent's `folded_*` counts. Namespaces and token ids are
+raw here; the HTTP process makes namespaces opaque and shows token text only to the admin key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 MAX_NODES = 400  # tree nodes per snapshot (the rest folded)
 MAX_KEY_TOKENS = 48  # token ids kept per node (for the admin's hover text): its first ones
 MIN_INTERVAL_S = 0.2  # at most 5 builds a second, however many viewers ask
+# And at most this share of the scheduler's time: after a build that took t seconds, the next is built no
+# sooner than t / BUDGET later (a huge tree is shown less often rather than slowing the steps down).
+BUDGET = 0.005
 
 
 class SnapshotBuilder:
@@ -30,18 +34,21 @@ class SnapshotBuilder:
         self.max_nodes = max_nodes
         self._last: dict[str, Any] | None = None
         self._last_at = float("-inf")
+        self._interval = min_interval_s
         self.num_builds = 0
         self.build_seconds = 0.0  # total, so the cost per build can be reported (benchmarks/)
 
     def snapshot(self, scheduler: "Scheduler") -> dict[str, Any]:
         now = time.monotonic()
-        if self._last is not None and now - self._last_at < self.min_interval_s:
+        if self._last is not None and now - self._last_at < self._interval:
             return self._last
         self._last = build_snapshot(scheduler, self.max_nodes)
         self._last_at = time.monotonic()
+        took = self._last_at - now
+        self._interval = max(self.min_interval_s, took / BUDGET)
         self.num_builds += 1
-        self.build_seconds += self._last_at - now
-        self._last["build_ms"] = 1000 * (self._last_at - now)
+        self.build_seconds += took
+        self._last["build_ms"] = 1000 * took
         return self._last
 
 
@@ -73,55 +80,50 @@ def _req_view(req: "Req", state: str) -> dict[str, Any]:
 
 
 def tree_view(tree: "RadixCache", max_nodes: int, now: float) -> dict[str, Any]:
-    """The tree as a flat node list (parents before children). Roots are id -1 per namespace (`ns`)."""
-    sizes = _subtree_tokens(tree)
-    heap: list[tuple[int, int, "TreeNode", int]] = []  # (-subtree tokens, node id, node, parent's view id)
-    nodes: list[dict[str, Any]] = []
+    """The tree as a flat node list (parents before children); a root's children have parent -1."""
+    sizes, counts = _subtree_sizes(tree)
+    heap: list[tuple[int, int, "TreeNode", int]] = []  # (-subtree tokens, node id, node, parent's id)
     for ns in tree.namespaces():
-        root = tree.root(ns)
-        for child in root.children.values():
-            heapq.heappush(heap, (-sizes[child.node_id], child.node_id, child, -1))
-    folded: dict[int, list[int]] = {}  # parent view id -> [nodes, tokens, hits]
-    while heap:
+        for child in tree.root(ns).children.values():
+            heap.append((-sizes[child.node_id], child.node_id, child, -1))
+    heapq.heapify(heap)
+    nodes: list[dict[str, Any]] = []
+    folded: dict[int, list[int]] = {}  # parent id -> [nodes, tokens, hits] folded into it
+    while heap and len(nodes) < max_nodes:
         _, _, node, parent = heapq.heappop(heap)
-        if len(nodes) >= max_nodes:
-            _fold(folded, parent, node, sizes)
-            continue
         nodes.append({"id": node.node_id, "parent": parent, "ns": node.namespace, "len": len(node.key),
                       "hits": node.hit_count, "lock": node.lock_ref, "tick": node.last_access_time,
                       "age_s": round(max(0.0, now - node.last_access_s), 3),
                       "subtree": sizes[node.node_id], "tokens": list(node.key[:MAX_KEY_TOKENS])})
         for child in node.children.values():
             heapq.heappush(heap, (-sizes[child.node_id], child.node_id, child, node.node_id))
+    for _, node_id, node, parent in heap:  # past the cap: the smallest subtrees, folded into their parent
+        entry = folded.setdefault(parent, [0, 0, 0])
+        entry[0] += counts[node_id]
+        entry[1] += sizes[node_id]
+        entry[2] += node.hit_count
     for view in nodes:
         f = folded.get(view["id"])
         if f:
             view["folded_nodes"], view["folded_tokens"], view["folded_hits"] = f
-    at_root = folded.get(-1, [0, 0, 0])
-    return {"nodes": nodes, "clock": tree.clock, "num_nodes": len(sizes), "folded_at_root": at_root[0]}
+    return {"nodes": nodes, "clock": tree.clock, "num_nodes": len(sizes),
+            "folded_at_root": folded.get(-1, [0])[0]}
 
 
-def _fold(folded: dict[int, list[int]], parent: int, node: "TreeNode", sizes: dict[int, int]) -> None:
-    entry = folded.setdefault(parent, [0, 0, 0])
-    entry[0] += 1 + _count_nodes(node)
-    entry[1] += sizes[node.node_id]
-    entry[2] += node.hit_count
-
-
-def _count_nodes(node: "TreeNode") -> int:
-    from radixlm.radix_cache.tree_node import subtree
-
-    return sum(1 for _ in subtree(node))
-
-
-def _subtree_tokens(tree: "RadixCache") -> dict[int, int]:
-    """node id -> tokens in its subtree (itself included), post-order without recursion."""
-    from radixlm.radix_cache.tree_node import subtree
-
-    sizes: dict[int, int] = {}
+def _subtree_sizes(tree: "RadixCache") -> tuple[dict[int, int], dict[int, int]]:
+    """node id -> (tokens, nodes) in its subtree, itself included; one pass, no recursion."""
     order: list["TreeNode"] = []
     for ns in tree.namespaces():
-        order.extend(subtree(tree.root(ns)))
-    for node in reversed(order):  # subtree() yields a parent before its descendants
-        sizes[node.node_id] = len(node.key) + sum(sizes[c.node_id] for c in node.children.values())
-    return sizes
+        stack = list(tree.root(ns).children.values())
+        while stack:  # parents before their descendants
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+    sizes = {n.node_id: len(n.key) for n in order}
+    counts = dict.fromkeys(sizes, 1)
+    for node in reversed(order):  # children before parents: add each finished subtree to its parent
+        parent = node.parent
+        if parent is not None and not parent.is_root:
+            sizes[parent.node_id] += sizes[node.node_id]
+            counts[parent.node_id] += counts[node.node_id]
+    return sizes, counts
