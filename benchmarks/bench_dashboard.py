@@ -8,8 +8,8 @@ is (snapshots per second) x (build + msgpack-encode time), as a share of the sch
   1. direct: warm the radix cache with a few-shot workload on the in-process Engine (same scheduler code),
      then time build+encode on the loop thread (median of 50), and the mean decode step time;
   2. a synthetic tree of --big-nodes nodes (the 400-node cap bounds what is sent, not the walk);
-  3. end to end: decode throughput with a background "viewer" (one snapshot every 0.5 s) vs without,
-     each side in its own process, alternating, medians of --reps.
+  3. end to end: decode throughput of a real server with a viewer reading /dashboard/events vs without,
+     each side a server of its own, alternating (ABBA), medians of --reps.
 """
 
 from __future__ import annotations
@@ -99,49 +99,70 @@ def synthetic(n_nodes: int) -> dict:
             "share_of_busy_time_pct": 100 * statistics.median(times) / VIEWER_INTERVAL_S}
 
 
-def one_side(args) -> None:
-    """Child process: decode throughput, with or without a viewer's snapshots; prints JSON."""
-    from radixlm.runtime.engine import Engine
+def one_side(args) -> dict:
+    """A server of its own (the real processes), a warm cache, then decode throughput over HTTP, with or
+    without a browser-like viewer reading /dashboard/events."""
+    import socket
 
-    engine = Engine(args.model_path, num_threads=args.threads)
-    stop = threading.Event()
-    snaps = []
+    import httpx
 
-    def viewer() -> None:
-        while not stop.wait(VIEWER_INTERVAL_S):
-            snaps.append(engine._loop.call(lambda: _timed_snapshot(_scheduler_of(engine))))
-
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "radixlm.launch_server", "--port", str(port), "--log-level", "warning",
+           "--num-threads", str(args.threads)]
+    if args.model_path:
+        cmd += ["--model-path", args.model_path]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    stop, events = threading.Event(), []
     try:
-        _warm(engine, args.requests)
-        _decode(engine, args.batch, 4)  # warm-up
+        for line in server.stdout:
+            if line.startswith("radixlm: ready"):
+                break
+        client = httpx.Client(base_url=url, timeout=600)
+        client.post("/generate", json={"text": [FEW_SHOT + f"Q: What is {i} times {i + 1}? A:"
+                                                for i in range(args.requests)],
+                                       "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+
+        def viewer() -> None:
+            with httpx.stream("GET", url + "/dashboard/events", timeout=600) as res:
+                for line in res.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:])["build_ms"])
+                    if stop.is_set():
+                        return
+
         thread = threading.Thread(target=viewer, daemon=True)
         if args.side == "viewer":
             thread.start()
-        wall, steps = _decode(engine, args.batch, args.tokens)
+            while not events:
+                time.sleep(0.05)
+        steps = client.get("/server_info").json()["num_forward_steps"]
+        t = time.perf_counter()
+        client.post("/generate", json={"text": [f"Story number {i}:" for i in range(args.batch)],
+                                       "sampling_params": {"max_new_tokens": args.tokens, "temperature": 0,
+                                                           "ignore_eos": True}})
+        wall = time.perf_counter() - t
+        steps = client.get("/server_info").json()["num_forward_steps"] - steps
         stop.set()
-        if args.side == "viewer":
-            thread.join()
     finally:
-        engine.shutdown()
-    print(json.dumps({"tok_s": args.batch * args.tokens / wall, "steps": steps, "snapshots": len(snaps)}))
+        server.terminate()
+        server.wait(60)
+    return {"tok_s": args.batch * args.tokens / wall, "step_ms": 1000 * wall / max(1, steps),
+            "events": len(events), "build_ms_max": max(events, default=0.0)}
 
 
 def end_to_end(args) -> dict:
-    results: dict[str, list[float]] = {"none": [], "viewer": []}
-    snapshots = []
-    for _ in range(args.reps):
-        for side in ("none", "viewer"):
-            cmd = [sys.executable, __file__, "--side", side, "--threads", str(args.threads), "--batch",
-                   str(args.batch), "--tokens", str(args.tokens), "--requests", str(args.requests)]
-            if args.model_path:
-                cmd += ["--model-path", args.model_path]
-            out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-            results[side].append(out["tok_s"])
-            if side == "viewer":
-                snapshots.append(out["snapshots"])
-    none, view = statistics.median(results["none"]), statistics.median(results["viewer"])
-    return {"tok_s_no_viewer": results["none"], "tok_s_viewer": results["viewer"], "snapshots_per_run": snapshots,
-            "median_ratio_viewer_over_none": view / none}
+    """Each side a server of its own, in the order none, viewer, viewer, none, ... (ABBA: drifting machine
+    load hits both sides alike); medians."""
+    results: dict[str, list[dict]] = {"none": [], "viewer": []}
+    for rep in range(args.reps):
+        for side in (("none", "viewer") if rep % 2 == 0 else ("viewer", "none")):
+            results[side].append(one_side(argparse.Namespace(**{**vars(args), "side": side})))
+    med = {side: statistics.median(r["tok_s"] for r in runs) for side, runs in results.items()}
+    return {**{side: runs for side, runs in results.items()},
+            "median_ratio_viewer_over_none": med["viewer"] / med["none"]}
 
 
 def main() -> None:
@@ -153,14 +174,13 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--big-nodes", type=int, default=5000)
-    p.add_argument("--side", choices=("none", "viewer"), default=None)
     p.add_argument("--skip-e2e", action="store_true")
+    p.add_argument("--skip-direct", action="store_true")
     args = p.parse_args()
-    if args.side:
-        return one_side(args)
     print("load:", os.getloadavg())
-    print("direct:", json.dumps(direct(args)))
-    print("synthetic:", json.dumps(synthetic(args.big_nodes)))
+    if not args.skip_direct:
+        print("direct:", json.dumps(direct(args)))
+        print("synthetic:", json.dumps(synthetic(args.big_nodes)))
     if not args.skip_e2e:
         print("end to end:", json.dumps(end_to_end(args)))
     print("load:", os.getloadavg())
