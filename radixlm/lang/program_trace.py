@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-from radixlm.trace.schema import MAX_STATE_CHARS, ProgramTrace, TraceCall, TraceState
+from radixlm.trace.schema import MAX_CALLS, MAX_STATE_CHARS, MAX_STATES, ProgramTrace, TraceCall, TraceState
 
 if TYPE_CHECKING:
     from radixlm.lang.interpreter import StreamExecutor
@@ -56,6 +56,7 @@ class TraceRecorder:
         self._lock = threading.Lock()
         self._states: dict[str, _StateEntry] = {}
         self._calls: list[CallRecord] = []
+        self._dropped = 0
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -82,7 +83,10 @@ class TraceRecorder:
             rec.end = self.now()
             rec.output_end = len(executor.text_)
             with self._lock:
-                self._calls.append(rec)
+                if len(self._calls) < MAX_CALLS:
+                    self._calls.append(rec)
+                else:
+                    self._dropped += 1
 
     def export(self) -> ProgramTrace:
         with self._lock:
@@ -95,7 +99,7 @@ class TraceRecorder:
                                          truncated=len(text) > MAX_STATE_CHARS))
         end = self._ended if self._ended is not None else self.now()
         return ProgramTrace(name=self.name, id=self.id, started_at=self.started_at, duration=end,
-                            backend=self.backend, states=out_states,
+                            backend=self.backend, states=out_states[:MAX_STATES], dropped_calls=self._dropped,
                             calls=[_call_view(c) for c in sorted(calls, key=lambda c: c.start)])
 
 

@@ -50,6 +50,7 @@ class ProgramTrace(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=Tru
     backend: str = ""
     states: list[TraceState] = []
     calls: list[TraceCall] = []
+    dropped_calls: int = 0  # calls past MAX_CALLS, counted but not kept (a very large run_batch)
 
 
 def encode_trace(trace: ProgramTrace) -> bytes:

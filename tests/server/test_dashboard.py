@@ -116,6 +116,27 @@ def test_snapshots_are_rate_limited():
     assert first["pool"] == {"total": 100, "free": 97, "evictable": 3, "locked": 0, "used": 0}
 
 
+def test_a_slow_build_spaces_the_next_ones_out(monkeypatch):
+    """Builds take at most BUDGET of the scheduler's time: after a 0.1 s build the next one waits 0.1 / BUDGET."""
+    import radixlm.runtime.scheduler.dashboard as dash
+
+    clock = [100.0]
+
+    def slow_build(scheduler, max_nodes):
+        clock[0] += 0.1
+        return {"n": clock[0]}
+
+    monkeypatch.setattr(dash.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(dash, "build_snapshot", slow_build)
+    builder = dash.SnapshotBuilder(min_interval_s=0.2)
+    first = builder.snapshot(None)
+    clock[0] += 0.1 / dash.BUDGET - 1.0
+    assert builder.snapshot(None) is first
+    clock[0] += 2.0
+    assert builder.snapshot(None) is not first and builder.num_builds == 2
+    assert builder.build_seconds == pytest.approx(0.2)
+
+
 # ---- the HTTP side's view (hub.py) with a canned scheduler answer -----------------------------------
 class _FakeTokenizer:
     def batch_decode(self, seqs):
