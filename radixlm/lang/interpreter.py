@@ -285,9 +285,12 @@ class StreamExecutor:
         self._var_done(name)
 
     def _execute_select(self, expr: SglSelect) -> None:
-        with self._recorded("select", expr.name):
+        with self._recorded("select", expr.name) as rec:
             decision = self.backend.select(self, expr.choices, expr.temperature, expr.choices_method)
             self.text_ += decision.decision
+            if rec is not None:  # the usage is its prefix prefill's, whose finish says nothing about the select
+                rec.usage.pop("finish", None)
+                rec.usage.pop("completion_tokens", None)
         if expr.name is not None:
             self.variables[expr.name] = decision.decision
             self.meta_info[expr.name] = decision.meta_info

@@ -27,6 +27,7 @@
   function rowsOf(trace) {  // depth-first: each state followed by its branches
     const kids = {}, roots = [];
     trace.states.forEach(s => (s.parent ? (kids[s.parent] = kids[s.parent] || []).push(s) : roots.push(s)));
+    roots.sort((a, b) => (a.item ?? 0) - (b.item ?? 0));  // run_batch items in input order
     const out = [];
     (function walk(list, depth) {
       list.forEach(s => { out.push({state: s, depth}); walk(kids[s.id] || [], depth + 1); });
@@ -47,6 +48,15 @@
     container.appendChild(el("div", {class: "rt-sum", "data-testid": "trace-summary"},
       `${gens.length} gen/select calls · ${trace.states.length} states · ${trace.duration.toFixed(3)} s · ` +
       `prompt ${prompt} tokens, cached ${cached} (${prompt ? (100 * cached / prompt).toFixed(1) : 0}%) · out ${out}`));
+    const legend = el("div", {class: "rt-sum"});
+    legend.innerHTML = '<svg width="10" height="10"><rect width="10" height="10" class="rt-gen"/></svg> gen ' +
+      '<svg width="10" height="10"><rect width="10" height="10" class="rt-select"/></svg> select ' +
+      '<svg width="10" height="10"><rect width="10" height="10" class="rt-fork"/></svg> fork ' +
+      '<svg width="10" height="10"><rect width="10" height="10" class="rt-commit"/></svg> prefix commit ' +
+      '<svg width="10" height="10"><rect width="10" height="10" class="rt-join"/></svg> join · ' +
+      '<svg width="10" height="4"><rect width="10" height="4" class="rt-cached"/></svg> cached share of the prompt' +
+      (trace.dropped_calls ? ` · ${trace.dropped_calls} more calls not recorded` : "");
+    container.appendChild(legend);
     const rows = rowsOf(trace), rowIndex = {};
     rows.forEach((r, i) => rowIndex[r.state.id] = i);
     const W = Math.max(600, (container.clientWidth || 900) - 10), L = 150, H = 18;
