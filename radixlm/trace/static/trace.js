@@ -101,7 +101,8 @@
       ` · ${((c.end - c.start) * 1000).toFixed(1)} ms · prompt ${fmt(c.prompt_tokens)} tokens, cached ${fmt(c.cached_tokens)} `));
     const bar = el("span", {class: "rt-bar"}); bar.appendChild(el("span", {style: `width:${pct}%`}));
     head.appendChild(bar);
-    head.appendChild(document.createTextNode(` · out ${fmt(c.completion_tokens)} tokens${c.finish ? " · " + c.finish : ""}${c.error ? " · error: " + c.error : ""}`));
+    head.appendChild(document.createTextNode(`${c.completion_tokens !== undefined && c.completion_tokens !== null ? " · out " + c.completion_tokens + " tokens" : ""}` +
+      `${c.finish ? " · " + c.finish : ""}${c.error ? " · error: " + c.error : ""}`));
     detail.appendChild(head);
     if (c.children && c.children.length) detail.appendChild(el("div", {}, `forked into ${c.children.length} branches`));
     const pre = el("pre", {});
