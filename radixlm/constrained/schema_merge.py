@@ -17,6 +17,7 @@ TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 _LOWER = ("minimum", "minLength", "minItems", "minProperties", "minContains")  # the larger one wins
 _UPPER = ("maximum", "maxLength", "maxItems", "maxProperties", "maxContains")  # the smaller one wins
 _SCHEMA_KEYS = ("items", "propertyNames", "contains")
+MAX_REF_MERGES = 12  # nested $refs one merge inlines (a recursive def merged with a copy never ends)
 
 
 class Conflict(ValueError):
@@ -77,6 +78,7 @@ class Merger:
 
     def __init__(self, deref: Callable[[str], dict[str, Any]], note: Callable[[str], None]):
         self.deref, self.note = deref, note
+        self._ref_depth = 0  # $refs being inlined by the merge in progress
 
     def merge(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
         if is_never(a) or is_never(b):
@@ -86,8 +88,15 @@ class Merger:
         if a == b:
             return a
         if "$ref" in a or "$ref" in b:
-            return self.merge(self.deref(a["$ref"]) if "$ref" in a else a,
-                              self.deref(b["$ref"]) if "$ref" in b else b, path)
+            if self._ref_depth >= MAX_REF_MERGES:  # a recursive def met a copy of itself: stop (looser)
+                self.note(f"$ref merged at {path} past depth {MAX_REF_MERGES} (the other side dropped)")
+                return dict(a if "$ref" in a else b)
+            self._ref_depth += 1
+            try:
+                return self.merge(self.deref(a["$ref"]) if "$ref" in a else a,
+                                  self.deref(b["$ref"]) if "$ref" in b else b, path)
+            finally:
+                self._ref_depth -= 1
         for x, y, x_first in ((a, b, True), (b, a, False)):
             if "anyOf" in x:
                 branches = []
