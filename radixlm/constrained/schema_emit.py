@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from radixlm.constrained.ecma_regex import translate_pattern
+from radixlm.constrained.ecma_regex import MAX_REPEAT, MAX_REPEAT_LAZY, translate_pattern
 from radixlm.constrained.formats import FORMAT_REGEXES
 from radixlm.constrained.schema_merge import NEVER, any_of, canon, is_never
 
@@ -47,6 +47,7 @@ class _Emitter:
     def __init__(self, defs: dict[str, Any], target: str):
         self.defs, self.target = defs, target
         self.exact = EXACT[target]
+        self.max_repeat = MAX_REPEAT_LAZY if target == "llguidance" else MAX_REPEAT
         self.notes: list[str] = []
         self._validators: dict[str, Any] = {}
 
@@ -197,7 +198,7 @@ class _Emitter:
 
     def _key_pattern(self, pattern: str, path: str) -> str:
         regex, dropped = translate_pattern(pattern, self.target == "outlines", self.target != "xgrammar",
-                                           self.target == "llguidance")
+                                           self.target == "llguidance", self.max_repeat)
         self.notes.extend(f"patternProperties at {path}: {d}" for d in dropped)
         return regex
 
@@ -236,7 +237,8 @@ class _Emitter:
                 out.pop("pattern")
             else:
                 regex, dropped = translate_pattern(out["pattern"], self.target == "outlines",
-                                                   self.target != "xgrammar", self.target == "llguidance")
+                                                   self.target != "xgrammar", self.target == "llguidance",
+                                                   self.max_repeat)
                 self.notes.extend(f"pattern at {path}: {d}" for d in dropped)
                 out["pattern"] = regex
         if self.target == "outlines":  # one regex per string: pattern, else format, else lengths

@@ -73,6 +73,25 @@ def _number_bound(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], low
     out[excl if exclusive else incl] = value
 
 
+_KIND_KEYS = {
+    "object": ("properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+               "minProperties", "maxProperties"),
+    "array": ("items", "prefixItems", "contains", "minItems", "maxItems", "uniqueItems", "minContains",
+              "maxContains"),
+}
+
+
+def _drop_kind(out: dict[str, Any], kind: str) -> None:
+    """The keywords of one type conflict: no value of that type matches, the others are unaffected by
+    those keywords (an untyped `properties` holds for every string). Conflict if no type is left."""
+    types = [t for t in (out.get("type") or TYPES) if t != kind]
+    if not types:
+        raise Conflict(f"no {kind} matches both and no other type is allowed")
+    out["type"] = types
+    for key in _KIND_KEYS[kind]:
+        out.pop(key, None)
+
+
 class Merger:
     """merge(a, b): the conjunction. `deref` turns a `{"$ref": key}` into its lowered definition."""
 
@@ -140,9 +159,18 @@ class Merger:
                 self.note(f"second {key} at {path}")
         for key in _SCHEMA_KEYS:
             if key in a and key in b:
-                out[key] = self.merge(a[key], b[key], f"{path}/{key}")
-        self._properties(a, b, out, path)
-        self._prefix(a, b, out, path)
+                try:
+                    out[key] = self.merge(a[key], b[key], f"{path}/{key}")
+                except Conflict:
+                    _drop_kind(out, "object" if key == "propertyNames" else "array")
+        try:
+            self._properties(a, b, out, path)
+        except Conflict:
+            _drop_kind(out, "object")
+        try:
+            self._prefix(a, b, out, path)
+        except Conflict:
+            _drop_kind(out, "array")
         return out
 
     def _multiple(self, a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], path: str) -> None:

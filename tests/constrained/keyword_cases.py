@@ -74,6 +74,11 @@ CASES = [
                           "then": {"required": ["n"]}, "else": {"properties": {"n": {"maximum": 0}}}},
          ({"kind": "a", "n": 5}, {"kind": "b"}, {"kind": "b", "n": -1}),
          ({"kind": "a"}, {"kind": "b", "n": 3})),
+    # untyped conditions hold for every non-object: conflicting consts only rule out objects
+    Case("if_then_untyped_allof", {"allOf": [
+        {"if": {"properties": {"t": {"const": "a"}}, "required": ["t"]}, "then": {"required": ["n"]}},
+        {"if": {"properties": {"t": {"const": "b"}}, "required": ["t"]}, "then": {"required": ["m"]}}]},
+         ("", 3, None, [], {}, {"t": "a", "n": 1}, {"t": "b", "m": 1}), ({"t": "a"}, {"t": "b"})),
     # not
     Case("not_type", {"not": {"type": ["string", "null"]}}, (1, True, [], {}), ("a", None)),
     Case("not_enum", {"type": "string", "enum": ["a", "b", "c"], "not": {"enum": ["b"]}}, ("a", "c"), ("b", "d")),
