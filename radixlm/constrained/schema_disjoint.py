@@ -15,7 +15,19 @@ from typing import Any, Callable
 
 from radixlm.constrained.schema_merge import canon, is_never
 
-Deref = Callable[[str], "dict[str, Any] | None"]
+Deref = Callable[[str], "dict[str, Any] | None"]  # may carry a `memo` dict (see Memo)
+
+
+class Memo:
+    """A deref with a memo of definition pairs already compared (a large schema compares the same
+    pairs in many oneOfs). Only for definitions that no longer change."""
+
+    def __init__(self, deref: Callable[[str], "dict[str, Any] | None"]):
+        self.deref = deref
+        self.memo: dict[tuple[str, str], bool] = {}
+
+    def __call__(self, ref: str) -> "dict[str, Any] | None":
+        return self.deref(ref)
 _MAX_DEPTH = 6  # nested property checks (tagged unions need 1-2)
 # Lowered `type` lists -> disjoint value kinds ("number" spans integers and non-integers).
 _KINDS = {"null": {"null"}, "boolean": {"boolean"}, "object": {"object"}, "array": {"array"},
@@ -48,6 +60,18 @@ def apart(a: Any, b: Any, deref: Deref, depth: int = 0) -> bool:
     """True only if proved: no JSON value satisfies both lowered schemas a and b."""
     if depth > _MAX_DEPTH:
         return False
+    memo = getattr(deref, "memo", None)  # two definitions: the same answer every time they meet
+    if memo is not None and isinstance(a, dict) and isinstance(b, dict) and len(a) == len(b) == 1 \
+            and "$ref" in a and "$ref" in b:
+        key = (a["$ref"], b["$ref"])
+        if key not in memo:
+            memo[key] = False  # while it is being decided (a recursive pair): not proved
+            memo[key] = _apart(a, b, deref, depth)
+        return memo[key]
+    return _apart(a, b, deref, depth)
+
+
+def _apart(a: Any, b: Any, deref: Deref, depth: int) -> bool:
     a, b = _resolve(a, deref), _resolve(b, deref)
     if a is None or b is None:
         return False

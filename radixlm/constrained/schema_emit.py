@@ -50,8 +50,19 @@ class _Emitter:
         self.max_repeat = MAX_REPEAT_LAZY if target == "llguidance" else MAX_REPEAT
         self.notes: list[str] = []
         self._validators: dict[str, Any] = {}
+        self._memo: dict[int, tuple[Any, dict[str, Any]]] = {}  # id -> (node, emitted)
 
     def emit(self, node: dict[str, Any], path: str) -> dict[str, Any]:
+        """A lowered node shared by many places (merges and $ref targets share subtrees) is emitted once;
+        its approximations are reported at the first path (the output is never mutated afterwards)."""
+        hit = self._memo.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        out = self._emit(node, path)
+        self._memo[id(node)] = (node, out)  # keeping the node keeps its id unique
+        return out
+
+    def _emit(self, node: dict[str, Any], path: str) -> dict[str, Any]:
         if not node or is_never(node):
             return dict(node)
         if "$ref" in node:

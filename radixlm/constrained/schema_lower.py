@@ -20,7 +20,7 @@ from typing import Any
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 from radixlm.constrained.schema_merge import NEVER, TYPES, Conflict, Merger, any_of, canon, is_never
-from radixlm.constrained.schema_disjoint import disjoint
+from radixlm.constrained.schema_disjoint import Memo, disjoint
 from radixlm.constrained.schema_negate import negate
 from radixlm.constrained.schema_refs import RefIndex
 
@@ -92,6 +92,7 @@ class _Lowerer:
         self.conflict = ""
         self.one_ofs: list[tuple[list[dict[str, Any]], str]] = []
         self.expanding: set[str] = set()    # defs being lowered (their entry is a placeholder)
+        self.finished = Memo(self._finished_def)  # a pair met while one was unfinished stays "may overlap"
         self.merger = Merger(self._deref, self.notes.append)
 
     def lower(self, node: Any, path: str, base: str) -> dict[str, Any]:
@@ -114,7 +115,7 @@ class _Lowerer:
         for key in ("anyOf", "oneOf"):
             if key in n:
                 branches = [self.lower(s, f"{path}/{key}/{i}", base) for i, s in enumerate(_list(n, key))]
-                if key == "oneOf" and not disjoint(branches, self._finished_def):
+                if key == "oneOf" and not disjoint(branches, self.finished):
                     exclusive = self._exclusive(branches, path)
                     if exclusive is not None:
                         parts.append(exclusive)
@@ -233,7 +234,7 @@ class _Lowerer:
     def _exclusive(self, branches: list[dict[str, Any]], path: str) -> dict[str, Any] | None:
         """oneOf written exactly as anyOf_i (branch_i and not branch_j, j != i), when every branch has a
         simple complement (types, consts, required or const properties: negate()); else None."""
-        if len(branches) > MAX_EXCLUSIVE[0]:
+        if len(branches) > MAX_EXCLUSIVE[0] or self.target == "outlines":  # its regex grows with each copy
             return None
         negations = []
         for branch in branches:
@@ -258,9 +259,7 @@ class _Lowerer:
 
     def check_one_ofs(self) -> None:
         """Each oneOf whose branches a value may match twice is enforced as anyOf: say so."""
-        def known(ref: str) -> dict[str, Any] | None:
-            return self.defs.get(ref.rsplit("/", 1)[-1])
-
+        known = Memo(lambda ref: self.defs.get(ref.rsplit("/", 1)[-1]))
         for branches, path in self.one_ofs:
             if not disjoint(branches, known):
                 self.notes.append(f"oneOf at {path} (enforced as anyOf)")
