@@ -252,6 +252,10 @@ class _Emitter:
                                                    self.max_repeat)
                 self.notes.extend(f"pattern at {path}: {d}" for d in dropped)
                 out["pattern"] = regex
+        if self.target == "xgrammar" and "pattern" in out:  # it ignores lengths next to a pattern (its warning)
+            for key in [k for k in ("minLength", "maxLength") if k in out]:
+                self.notes.append(f"{key} at {path} (next to a pattern)")
+                del out[key]
         if self.target == "outlines":  # one regex per string: pattern, else format, else lengths
             for key in ("pattern", "format"):
                 if key in out:
