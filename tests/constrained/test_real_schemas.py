@@ -152,7 +152,8 @@ def test_valid_instances_are_accepted_compact(tokenizer, corpus):
         checks += [c for c in check_instances(grammar, tokenizer, item, compact=True) if c.judged]
     refused = [f"{c.name}: {c.context}" for c in checks if c.refused_at >= 0]
     rate = 1 - len(refused) / len(checks)
-    print(f"{DEFAULT_BACKEND} compact: {len(checks) - len(refused)}/{len(checks)} valid instances accepted ({rate:.2%})")
+    taken = len(checks) - len(refused)
+    print(f"{DEFAULT_BACKEND} compact: {taken}/{len(checks)} valid instances accepted ({rate:.2%})")
     assert len(checks) >= 300 and rate >= INSTANCE_FLOORS[DEFAULT_BACKEND], (len(refused), len(checks), refused[:20])
 
 
