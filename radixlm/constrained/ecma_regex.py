@@ -25,13 +25,15 @@ _CLASS_ESCAPES = {"d": "0-9", "w": "A-Za-z0-9_", "s": r" \t\n\r\f\v\u00a0\u2028\
 _CONTROL = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\x00"}
 _META = set(r"\.+*?()|[]{}^$#&-~")
 _QUANT = re.compile(r"\{\d+(?:,\d*)?\}")
-MAX_REPEAT = 64  # larger counted repetitions become open-ended
+MAX_REPEAT = 64  # larger counted repetitions become open-ended (outlines and xgrammar build automata eagerly)
+MAX_REPEAT_LAZY = 4096  # llguidance's lexer builds states lazily: `{1,256}` stays exact (bench_grammar)
 
 
 @dataclass
 class _Out:
     json_string: bool
     unicode_classes: bool
+    max_repeat: int = MAX_REPEAT
     dropped: list[str] = field(default_factory=list)
 
 
@@ -148,11 +150,11 @@ def _group_end(pattern: str, i: int) -> int:
 def _quantifier(text: str, out: _Out) -> str:
     """`{n,m}` with a large bound grows every automaton by that many copies: widen it (looser)."""
     lo, _, hi = text[1:-1].partition(",")
-    big = int(lo) > MAX_REPEAT or (hi != "" and int(hi) > MAX_REPEAT)
+    big = int(lo) > out.max_repeat or (hi != "" and int(hi) > out.max_repeat)
     if not big:
         return text
     out.dropped.append(f"repetition {text} widened")
-    return f"{{{min(int(lo), MAX_REPEAT)},}}"
+    return f"{{{min(int(lo), out.max_repeat)},}}"
 
 
 def _any_char(out: _Out) -> str:
@@ -264,10 +266,10 @@ def _ends_with_anchor(branch: str) -> bool:
 
 
 def translate_pattern(pattern: str, json_string: bool, unicode_classes: bool = True,
-                      search: bool = False) -> tuple[str, tuple[str, ...]]:
+                      search: bool = False, max_repeat: int = MAX_REPEAT) -> tuple[str, tuple[str, ...]]:
     """(regex, what was widened) for an ECMA-262 search pattern: a full-match regex, or with
     `search` (llguidance applies patterns as JSON Schema does) one that keeps the pattern's anchors."""
-    out = _Out(json_string, unicode_classes)
+    out = _Out(json_string, unicode_classes, max_repeat)
     free = FREE_JSON_CHARS if json_string else r"[\s\S]*"
     branches = []
     for branch in _top_level_alternatives(pattern):

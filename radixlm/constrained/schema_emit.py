@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from radixlm.constrained.ecma_regex import translate_pattern
+from radixlm.constrained.ecma_regex import MAX_REPEAT, MAX_REPEAT_LAZY, translate_pattern
 from radixlm.constrained.formats import FORMAT_REGEXES
 from radixlm.constrained.schema_merge import NEVER, any_of, canon, is_never
 
@@ -47,10 +47,22 @@ class _Emitter:
     def __init__(self, defs: dict[str, Any], target: str):
         self.defs, self.target = defs, target
         self.exact = EXACT[target]
+        self.max_repeat = MAX_REPEAT_LAZY if target == "llguidance" else MAX_REPEAT
         self.notes: list[str] = []
         self._validators: dict[str, Any] = {}
+        self._memo: dict[int, tuple[Any, dict[str, Any]]] = {}  # id -> (node, emitted)
 
     def emit(self, node: dict[str, Any], path: str) -> dict[str, Any]:
+        """A lowered node shared by many places (merges and $ref targets share subtrees) is emitted once;
+        its approximations are reported at the first path (the output is never mutated afterwards)."""
+        hit = self._memo.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        out = self._emit(node, path)
+        self._memo[id(node)] = (node, out)  # keeping the node keeps its id unique
+        return out
+
+    def _emit(self, node: dict[str, Any], path: str) -> dict[str, Any]:
         if not node or is_never(node):
             return dict(node)
         if "$ref" in node:
@@ -197,7 +209,7 @@ class _Emitter:
 
     def _key_pattern(self, pattern: str, path: str) -> str:
         regex, dropped = translate_pattern(pattern, self.target == "outlines", self.target != "xgrammar",
-                                           self.target == "llguidance")
+                                           self.target == "llguidance", self.max_repeat)
         self.notes.extend(f"patternProperties at {path}: {d}" for d in dropped)
         return regex
 
@@ -236,9 +248,14 @@ class _Emitter:
                 out.pop("pattern")
             else:
                 regex, dropped = translate_pattern(out["pattern"], self.target == "outlines",
-                                                   self.target != "xgrammar", self.target == "llguidance")
+                                                   self.target != "xgrammar", self.target == "llguidance",
+                                                   self.max_repeat)
                 self.notes.extend(f"pattern at {path}: {d}" for d in dropped)
                 out["pattern"] = regex
+        if self.target == "xgrammar" and "pattern" in out:  # it ignores lengths next to a pattern (its warning)
+            for key in [k for k in ("minLength", "maxLength") if k in out]:
+                self.notes.append(f"{key} at {path} (next to a pattern)")
+                del out[key]
         if self.target == "outlines":  # one regex per string: pattern, else format, else lengths
             for key in ("pattern", "format"):
                 if key in out:

@@ -12,6 +12,7 @@ and is named in `approximations`; the finished output is validated against the o
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -19,13 +20,15 @@ from typing import Any
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 from radixlm.constrained.schema_merge import NEVER, TYPES, Conflict, Merger, any_of, canon, is_never
-from radixlm.constrained.schema_negate import disjoint, negate
+from radixlm.constrained.schema_disjoint import Memo, disjoint
+from radixlm.constrained.schema_negate import negate
 from radixlm.constrained.schema_refs import RefIndex
 
 TARGETS = ("outlines", "xgrammar", "llguidance")
 MAX_NODES = 20_000      # inlining a DAG of $refs can grow a schema exponentially
 UNROLL_DEPTH = 3        # outlines (a regex) cannot recurse: a recursive $ref is expanded this deep
 MAX_DEPENDENCIES = 6    # each dependency doubles the branches
+MAX_EXCLUSIVE = (4, 16)  # a oneOf written exactly: at most this many branches, before and after
 _FLAT = ("enum", "required", "minProperties", "maxProperties", "minItems", "maxItems", "uniqueItems",
          "minContains", "maxContains", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
          "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -87,6 +90,9 @@ class _Lowerer:
         self.defs: dict[str, dict[str, Any]] = {}   # xgrammar / llguidance: one def per ref target
         self.def_names: dict[str, str] = {}
         self.conflict = ""
+        self.one_ofs: list[tuple[list[dict[str, Any]], str]] = []
+        self.expanding: set[str] = set()    # defs being lowered (their entry is a placeholder)
+        self.finished = Memo(self._finished_def)  # a pair met while one was unfinished stays "may overlap"
         self.merger = Merger(self._deref, self.notes.append)
 
     def lower(self, node: Any, path: str, base: str) -> dict[str, Any]:
@@ -109,8 +115,12 @@ class _Lowerer:
         for key in ("anyOf", "oneOf"):
             if key in n:
                 branches = [self.lower(s, f"{path}/{key}/{i}", base) for i, s in enumerate(_list(n, key))]
-                if key == "oneOf" and not disjoint(branches):
-                    self.notes.append(f"oneOf at {path} (enforced as anyOf)")
+                if key == "oneOf" and not disjoint(branches, self.finished):
+                    exclusive = self._exclusive(branches, path)
+                    if exclusive is not None:
+                        parts.append(exclusive)
+                        continue
+                    self.one_ofs.append((branches, path))  # checked again once every def is known
                 parts.append(any_of(branches))
         if "not" in n:
             neg = negate(self.lower(n["not"], f"{path}/not", base))
@@ -210,8 +220,49 @@ class _Lowerer:
             name = "d" + str(len(self.def_names))
             self.def_names[key] = name
             self.defs[name] = {}  # in progress: a merge that needs it meanwhile sees `{}` (noted)
-            self.defs[name] = self.lower(target, key, base)
+            self.expanding.add(name)
+            try:
+                self.defs[name] = self.lower(target, key, base)
+            finally:
+                self.expanding.discard(name)
         return {"$ref": f"#/$defs/{self.def_names[key]}"}
+
+    def _finished_def(self, ref: str) -> dict[str, Any] | None:
+        name = ref.rsplit("/", 1)[-1]
+        return None if name in self.expanding else self.defs.get(name)
+
+    def _exclusive(self, branches: list[dict[str, Any]], path: str) -> dict[str, Any] | None:
+        """oneOf written exactly as anyOf_i (branch_i and not branch_j, j != i), when every branch has a
+        simple complement (types, consts, required or const properties: negate()); else None."""
+        if len(branches) > MAX_EXCLUSIVE[0] or self.target == "outlines":  # its regex grows with each copy
+            return None
+        negations = []
+        for branch in branches:
+            target = self._finished_def(branch["$ref"]) if "$ref" in branch else branch
+            neg = None if target is None else negate(target)
+            if neg is None or "notEnum" in json.dumps(neg):  # no target enforces "not one of these"
+                return None
+            negations.append(neg)
+        notes: list[str] = []
+        merger = Merger(self._deref, notes.append)
+        out = []
+        for i, branch in enumerate(branches):
+            try:
+                out.append(reduce(lambda a, b: merger.merge(a, b, path),
+                                  [n for j, n in enumerate(negations) if j != i], branch))
+            except Conflict:
+                continue
+        if notes:  # a merge that had to approximate (a recursive def inlined into itself)
+            return None
+        result = any_of(out)
+        return result if len(result.get("anyOf", [result])) <= MAX_EXCLUSIVE[1] else None
+
+    def check_one_ofs(self) -> None:
+        """Each oneOf whose branches a value may match twice is enforced as anyOf: say so."""
+        known = Memo(lambda ref: self.defs.get(ref.rsplit("/", 1)[-1]))
+        for branches, path in self.one_ofs:
+            if not disjoint(branches, known):
+                self.notes.append(f"oneOf at {path} (enforced as anyOf)")
 
     def _deref(self, ref: str) -> dict[str, Any]:
         name = ref.rsplit("/", 1)[-1]
@@ -246,6 +297,7 @@ def lower_schema(spec: str, options: GrammarOptions, target: str) -> LoweredSche
             # The meta-schema check is lenient (any draft), so a keyword of a later draft may have
             # a shape the lowering does not expect: a 400 naming it, never a 500.
             raise _err(f"malformed schema ({type(e).__name__}: {str(e)[:120]})") from None
+    lowerer.check_one_ofs()
     schema, notes = emit(lowered, lowerer.defs, target)
     if is_never(schema):
         raise _err("schema admits no value" + (f" ({lowerer.conflict})" if lowerer.conflict else ""))

@@ -17,6 +17,7 @@ TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
 _LOWER = ("minimum", "minLength", "minItems", "minProperties", "minContains")  # the larger one wins
 _UPPER = ("maximum", "maxLength", "maxItems", "maxProperties", "maxContains")  # the smaller one wins
 _SCHEMA_KEYS = ("items", "propertyNames", "contains")
+MAX_REF_MERGES = 12  # nested $refs one merge inlines (a recursive def merged with a copy never ends)
 
 
 class Conflict(ValueError):
@@ -72,11 +73,31 @@ def _number_bound(a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], low
     out[excl if exclusive else incl] = value
 
 
+_KIND_KEYS = {
+    "object": ("properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+               "minProperties", "maxProperties"),
+    "array": ("items", "prefixItems", "contains", "minItems", "maxItems", "uniqueItems", "minContains",
+              "maxContains"),
+}
+
+
+def _drop_kind(out: dict[str, Any], kind: str) -> None:
+    """The keywords of one type conflict: no value of that type matches, the others are unaffected by
+    those keywords (an untyped `properties` holds for every string). Conflict if no type is left."""
+    types = [t for t in (out.get("type") or TYPES) if t != kind]
+    if not types:
+        raise Conflict(f"no {kind} matches both and no other type is allowed")
+    out["type"] = types
+    for key in _KIND_KEYS[kind]:
+        out.pop(key, None)
+
+
 class Merger:
     """merge(a, b): the conjunction. `deref` turns a `{"$ref": key}` into its lowered definition."""
 
     def __init__(self, deref: Callable[[str], dict[str, Any]], note: Callable[[str], None]):
         self.deref, self.note = deref, note
+        self._ref_depth = 0  # $refs being inlined by the merge in progress
 
     def merge(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
         if is_never(a) or is_never(b):
@@ -86,8 +107,15 @@ class Merger:
         if a == b:
             return a
         if "$ref" in a or "$ref" in b:
-            return self.merge(self.deref(a["$ref"]) if "$ref" in a else a,
-                              self.deref(b["$ref"]) if "$ref" in b else b, path)
+            if self._ref_depth >= MAX_REF_MERGES:  # a recursive def met a copy of itself: stop (looser)
+                self.note(f"$ref merged at {path} past depth {MAX_REF_MERGES} (the other side dropped)")
+                return dict(a if "$ref" in a else b)
+            self._ref_depth += 1
+            try:
+                return self.merge(self.deref(a["$ref"]) if "$ref" in a else a,
+                                  self.deref(b["$ref"]) if "$ref" in b else b, path)
+            finally:
+                self._ref_depth -= 1
         for x, y, x_first in ((a, b, True), (b, a, False)):
             if "anyOf" in x:
                 branches = []
@@ -131,9 +159,18 @@ class Merger:
                 self.note(f"second {key} at {path}")
         for key in _SCHEMA_KEYS:
             if key in a and key in b:
-                out[key] = self.merge(a[key], b[key], f"{path}/{key}")
-        self._properties(a, b, out, path)
-        self._prefix(a, b, out, path)
+                try:
+                    out[key] = self.merge(a[key], b[key], f"{path}/{key}")
+                except Conflict:
+                    _drop_kind(out, "object" if key == "propertyNames" else "array")
+        try:
+            self._properties(a, b, out, path)
+        except Conflict:
+            _drop_kind(out, "object")
+        try:
+            self._prefix(a, b, out, path)
+        except Conflict:
+            _drop_kind(out, "array")
         return out
 
     def _multiple(self, a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], path: str) -> None:

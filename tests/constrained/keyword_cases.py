@@ -54,6 +54,19 @@ CASES = [
          ({"kind": "a", "x": 1}, {"kind": "b", "y": "s"}), ({"kind": "a", "y": "s"}, {"kind": "c", "x": 1})),
     Case("oneof_overlap", {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 10}]},
          (5, 10.5), ("x",)),
+    Case("oneof_required_xor", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+         ({"a": 1}, {"b": 2}), ({}, {"a": 1, "b": 2})),
+    Case("oneof_refs_forbidden_key", {
+        "$defs": {"ref": {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
+                          "additionalProperties": False},
+                  "item": {"type": "object", "properties": {"name": {"type": "string"}},
+                           "patternProperties": {"^x-": {}}, "additionalProperties": False}},
+        "oneOf": [{"$ref": "#/$defs/ref"}, {"$ref": "#/$defs/item"}]},
+         ({"$ref": "#/a"}, {"name": "n"}, {}), ({"$ref": "#/a", "name": "n"}, {"name": 1})),
+    Case("oneof_const_tag_untyped", {"oneOf": [{"properties": {"t": {"const": "a"}}, "required": ["t"]},
+                                               {"properties": {"t": {"const": "b"}}, "required": ["t"]}]},
+         ({"t": "a"}, {"t": "b"}), ({"t": "c"}, 3)),  # 3 matches both: enforced as anyOf (reported)
     # if / then / else
     Case("if_then_else", {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
                           "required": ["kind"],
@@ -61,11 +74,21 @@ CASES = [
                           "then": {"required": ["n"]}, "else": {"properties": {"n": {"maximum": 0}}}},
          ({"kind": "a", "n": 5}, {"kind": "b"}, {"kind": "b", "n": -1}),
          ({"kind": "a"}, {"kind": "b", "n": 3})),
+    # untyped conditions hold for every non-object: conflicting consts only rule out objects
+    Case("if_then_untyped_allof", {"allOf": [
+        {"if": {"properties": {"t": {"const": "a"}}, "required": ["t"]}, "then": {"required": ["n"]}},
+        {"if": {"properties": {"t": {"const": "b"}}, "required": ["t"]}, "then": {"required": ["m"]}}]},
+         ("", 3, None, [], {}, {"t": "a", "n": 1}, {"t": "b", "m": 1}), ({"t": "a"}, {"t": "b"})),
     # not
     Case("not_type", {"not": {"type": ["string", "null"]}}, (1, True, [], {}), ("a", None)),
     Case("not_enum", {"type": "string", "enum": ["a", "b", "c"], "not": {"enum": ["b"]}}, ("a", "c"), ("b", "d")),
     Case("not_required", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                           "not": {"required": ["b"]}}, ({}, {"a": 1}), ({"b": 1}, {"a": 1, "b": 2})),
+    Case("not_two_keywords", {"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+                              "required": ["k"],
+                              "not": {"properties": {"k": {"const": "a"}}, "required": ["n"]}},
+         ({"k": "a"}, {"k": "b", "n": 1}), ({"k": "a", "n": 1},)),
+    Case("not_required_untyped", {"not": {"required": ["b"]}}, ({}, {"a": 1}), ({"b": 1}, 3, "s", None)),
     # object keywords
     Case("pattern_properties", {"type": "object", "patternProperties": {"^x-": {"type": "integer"}},
                                 "additionalProperties": False},

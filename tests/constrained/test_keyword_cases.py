@@ -95,3 +95,17 @@ def test_valid_accepted_invalid_refused(all_backends, byte_tokenizer, name):
     accepted, total, misses, leaks = _run(all_backends, byte_tokenizer, name)
     assert accepted >= 0.99 * total and not misses, (accepted, total, misses)
     assert not leaks, leaks
+
+
+# oneOf / not forms the lowering writes exactly (schema_disjoint.py, the exclusive oneOf, De Morgan in
+# negate()), so test_valid_accepted_invalid_refused also checks their invalid instances are refused.
+EXACT_CASES = ("oneof_disjoint", "oneof_tagged", "oneof_required_xor", "oneof_refs_forbidden_key",
+               "not_two_keywords", "not_required_untyped", "if_then_else")
+
+
+@pytest.mark.parametrize("target", ["llguidance"])  # the default; the others drop absent keys (noted)
+def test_oneof_and_not_forms_are_exact(target):
+    by_name = {c.name: c for c in CASES}
+    for name in EXACT_CASES:
+        notes = lower_schema(json.dumps(by_name[name].schema), GrammarOptions(), target).approximations
+        assert not notes, (name, notes)
