@@ -49,6 +49,7 @@ def _prompt(tokenizer, item) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 120 requests x 160 tokens: minutes on 2 idle cores, 15+ at load 9; bounds a hang only
 def test_real_schemas_generate_valid_json_on_smollm2():
     with Engine(None, max_total_tokens=65536) as eng:
         sample = _accepted_sample(eng.tokenizer, eng.scheduler.grammar.vocab_size)
