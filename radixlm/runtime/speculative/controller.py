@@ -1,0 +1,142 @@
+"""SpecController: what the scheduler asks of speculative decoding (the hooks stay a few lines there).
+
+Runs in the scheduler process. Per step: `propose` gives each decoding request its draft tokens (bounded
+by max_new_tokens, the context, the grammar and the request's adaptive draft length); the scheduler turns
+a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
+(verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
+sequence to the cross-request n-gram corpus and drops the request's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from radixlm.runtime.config import SpeculativeConfig
+from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.speculative.adaptive import AdaptiveState
+from radixlm.runtime.speculative.ngram import NgramCorpus, NgramIndex, propose_ngram
+
+
+class Proposer(Protocol):
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]: ...
+
+    def on_finish(self, req: Req) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+@dataclass
+class SpecStats:
+    """Totals since start (the status log line and the server info read them)."""
+
+    num_verify_rows: int = 0  # rows that carried a draft
+    num_proposed: int = 0
+    num_accepted: int = 0
+    num_emitted: int = 0  # tokens those rows produced (accepted + the one sampled after them)
+    per_k: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        rows = max(1, self.num_verify_rows)
+        return {"spec_verify_rows": self.num_verify_rows, "spec_proposed_tokens": self.num_proposed,
+                "spec_accepted_tokens": self.num_accepted, "spec_acceptance_rate": self.acceptance_rate,
+                "spec_tokens_per_verify_row": self.num_emitted / rows}
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig):
+        self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
+        self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
+        self._own: dict[str, NgramIndex] = {}
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
+        drafts = []
+        for req, k in zip(reqs, ks):
+            own = self._own.get(req.rid)
+            if own is None:
+                own = self._own[req.rid] = NgramIndex(self.min_n, self.max_n)
+            drafts.append(propose_ngram(req.full_ids(), own, self.corpus, req.namespace, k))
+        return drafts
+
+    def on_finish(self, req: Req) -> None:
+        self._own.pop(req.rid, None)
+        if req.finish is not None and req.finish.type != "abort":
+            self.corpus.add(req.namespace, req.full_ids())
+
+    def flush(self) -> None:
+        self.corpus.clear()
+
+
+class SpecController:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, context_len: int):
+        self.config = config
+        self.proposer = proposer
+        self.context_len = context_len
+        self.max_k = config.max_draft
+        self.stats = SpecStats()
+        self._state: dict[str, AdaptiveState] = {}
+
+    def propose(self, reqs: list[Req]) -> list[list[int]]:
+        """Draft tokens per decoding request ([] = a plain decode row)."""
+        chosen, ks = [], []
+        for req in reqs:
+            k = self._budget(req)
+            if k > 0:
+                chosen.append(req)
+                ks.append(k)
+        drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks))) if chosen else {}
+        out = []
+        for req in reqs:
+            draft = drafts.get(req.rid, [])
+            if draft and req.grammar is not None:
+                draft = _grammar_prefix(req.grammar, draft)
+            out.append(draft)
+        return out
+
+    def _budget(self, req: Req) -> int:
+        state = self._state.get(req.rid)
+        if state is None:
+            state = self._state[req.rid] = AdaptiveState(self.max_k)
+        if not state.wants_proposal():
+            return 0
+        # One token after the draft is always sampled: keep draft + 1 within max_new_tokens and the context.
+        room = min(req.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len()) - 1
+        return max(0, min(state.k, room))
+
+    def on_verified(self, req: Req, proposed: int, accepted: int, emitted: int) -> None:
+        req.num_spec_proposed += proposed
+        req.num_spec_accepted += accepted
+        s = self.stats
+        s.num_verify_rows += 1
+        s.num_proposed += proposed
+        s.num_accepted += accepted
+        s.num_emitted += emitted
+        s.per_k[proposed] = s.per_k.get(proposed, 0) + 1
+        state = self._state.get(req.rid)
+        if state is not None:
+            state.update(proposed, accepted, self.max_k, self.config.speculative_min_acceptance)
+
+    def on_finish(self, req: Req) -> None:
+        self._state.pop(req.rid, None)
+        self.proposer.on_finish(req)
+
+    def flush(self) -> None:
+        self.proposer.flush()
+
+
+def _grammar_prefix(matcher, draft: list[int]) -> list[int]:
+    """The longest prefix of draft the grammar allows from its current state (matcher left unchanged)."""
+    n = 0
+    for tok in draft:
+        if not matcher.accept_token(tok):
+            break
+        n += 1
+        if matcher.is_terminated():
+            break
+    if n:
+        matcher.rollback(n)
+    return draft[:n]
