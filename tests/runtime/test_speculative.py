@@ -120,3 +120,23 @@ def test_retraction_and_unmixed_steps(tiny_llama_dir, plain, opts):
         if opts.get("max_total_tokens") == 160:
             assert eng.scheduler.stats.num_retractions > 0
         eng.check_integrity()
+
+
+def test_status_line_server_info_and_metrics_report_acceptance(spec):
+    from radixlm.runtime.scheduler.status_log import status_line
+    from radixlm.runtime.server.metrics import ServerMetrics
+
+    prime(spec, PROMPTS[:2], GREEDY)
+    results = spec.generate(PROMPTS[:2], GREEDY)
+    stats = spec.scheduler.spec.stats
+    line = status_line(spec.scheduler, 1.0)
+    assert f"spec accept rate: {100 * stats.acceptance_rate:.2f}%" in line
+    assert spec.get_server_info()["speculative"]["spec_accepted_tokens"] == stats.num_accepted
+    metrics = ServerMetrics()
+    for r in results:
+        metrics.on_finish(r["meta_info"], 0.1)
+    text = metrics.render().decode()
+    proposed = sum(r["meta_info"]["spec_proposed_tokens"] for r in results)
+    accepted = sum(r["meta_info"]["spec_accepted_tokens"] for r in results)
+    assert f"radixlm_spec_proposed_tokens_total {float(proposed)}" in text
+    assert f"radixlm_spec_acceptance_rate {accepted / proposed}" in text
