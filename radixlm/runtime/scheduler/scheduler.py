@@ -274,6 +274,8 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.running)
+        if self.spec is not None:
+            self.spec.check_integrity(idle=not self.has_work())
 
 
 def _shares_uncached_prefix(req: Req, in_batch: list[Req]) -> bool:

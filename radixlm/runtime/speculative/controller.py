@@ -25,6 +25,8 @@ class Proposer(Protocol):
 
     def flush(self) -> None: ...
 
+    def check_integrity(self, idle: bool) -> None: ...
+
 
 @dataclass
 class SpecStats:
@@ -69,6 +71,9 @@ class NgramProposer:
 
     def flush(self) -> None:
         self.corpus.clear()
+
+    def check_integrity(self, idle: bool) -> None:
+        assert not idle or not self._own, "n-gram indexes left while idle"
 
 
 class SpecController:
@@ -126,6 +131,10 @@ class SpecController:
 
     def flush(self) -> None:
         self.proposer.flush()
+
+    def check_integrity(self, idle: bool) -> None:
+        assert not idle or not self._state, "adaptive states left while idle"
+        self.proposer.check_integrity(idle)
 
 
 def _grammar_prefix(matcher, draft: list[int]) -> list[int]:
