@@ -41,7 +41,7 @@ class NgramIndex:
 class NgramCorpus:
     """Continuations of n-grams seen in cached sequences, per namespace, bounded (oldest dropped first)."""
 
-    def __init__(self, min_n: int, max_n: int, k: int, max_entries: int = 1 << 20):
+    def __init__(self, min_n: int, max_n: int, k: int, max_entries: int = 1 << 18):
         self.min_n, self.max_n, self.k = min_n, max_n, k
         self.max_entries = max_entries
         self._maps: dict[str, OrderedDict[tuple[int, ...], tuple[int, ...]]] = {}
