@@ -96,9 +96,9 @@ def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():
     corpus.add("a", [10, 11, 12, 13, 14, 15])
     seq = [1, 2, 3, 1, 2, 7, 10, 11, 12]
     # own text: [1, 2] -> 3 (a 2-gram); the corpus has the 3-gram [10, 11, 12] -> 13, 14, 15: longer wins
-    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == [13, 14, 15]
-    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "b", 3) == []  # another tenant's text: never
-    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == [3, 1, 2]
+    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == ([13, 14, 15], 3)
+    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "b", 3) == ([], 0)  # another tenant's text: never
+    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == ([3, 1, 2], 2)
 
 
 def test_adaptive_turns_down_then_off_then_back():

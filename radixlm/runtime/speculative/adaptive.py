@@ -5,7 +5,9 @@ noticeably: docs/benchmarks.md), so a request whose proposals keep being rejecte
 plain decode. Each request keeps an exponential average of its acceptance rate (accepted / proposed per
 step): below `min_acceptance` its draft length halves; at 1 it stops proposing for a cool-down that doubles
 each time it is re-entered (a request whose text does not repeat quickly ends up speculating almost never).
-Good acceptance grows the length back to the maximum. Steps without a proposal cost nothing.
+Good acceptance grows the length back to the maximum. Steps without a proposal cost nothing. During a
+pause an n-gram match of 6+ tokens is still proposed (a lookup costs no forward); if it is accepted, the
+pause ends.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class AdaptiveState:
 
     def update(self, proposed: int, accepted: int, max_k: int, min_acceptance: float) -> None:
         if proposed <= 0:
+            return
+        if self.cooldown > 0:  # a strong match proposed during a pause (controller.STRONG_MATCH)
+            if 2 * accepted >= proposed:  # it paid: the text repeats now, resume at the length that worked
+                self.cooldown, self.acceptance = 0, GROW_ABOVE
+                self.k = max(1, min(max_k, accepted))
             return
         self.acceptance = (1 - EMA_WEIGHT) * self.acceptance + EMA_WEIGHT * (accepted / proposed)
         if self.acceptance >= min_acceptance:

@@ -18,8 +18,16 @@ from radixlm.runtime.speculative.adaptive import AdaptiveState
 from radixlm.runtime.speculative.ngram import NgramCorpus, NgramIndex, propose_ngram
 
 
+# A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
+# a long exact repeat (copied text) is strong evidence, and an n-gram lookup costs no forward.
+STRONG_MATCH = 6
+
+
 class Proposer(Protocol):
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]: ...
+    cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
+        """Per request (draft tokens, suffix match length; 0 where not an n-gram)."""
 
     def on_finish(self, req: Req) -> None: ...
 
@@ -50,12 +58,14 @@ class SpecStats:
 
 
 class NgramProposer:
+    cheap = True
+
     def __init__(self, config: SpeculativeConfig):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
         self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
         self._own: dict[str, NgramIndex] = {}
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
         drafts = []
         for req, k in zip(reqs, ks):
             own = self._own.get(req.rid)
@@ -87,30 +97,34 @@ class SpecController:
 
     def propose(self, reqs: list[Req]) -> list[list[int]]:
         """Draft tokens per decoding request ([] = a plain decode row)."""
-        chosen, ks = [], []
+        chosen, ks, paused = [], [], set()
         for req in reqs:
-            k = self._budget(req)
-            if k > 0:
+            k, active = self._budget(req)
+            if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
+                if not active:
+                    paused.add(req.rid)
         drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks))) if chosen else {}
         out = []
         for req in reqs:
-            draft = drafts.get(req.rid, [])
+            draft, match = drafts.get(req.rid, ([], 0))
+            if req.rid in paused and match < STRONG_MATCH:
+                draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
             out.append(draft)
         return out
 
-    def _budget(self, req: Req) -> int:
+    def _budget(self, req: Req) -> tuple[int, bool]:
+        """(draft length, whether speculation is active: not paused by the adaptive state)."""
         state = self._state.get(req.rid)
         if state is None:
             state = self._state[req.rid] = AdaptiveState(self.max_k)
-        if not state.wants_proposal():
-            return 0
+        active = state.wants_proposal()
         # One token after the draft is always sampled: keep draft + 1 within max_new_tokens and the context.
         room = min(req.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len()) - 1
-        return max(0, min(state.k, room))
+        return max(0, min(state.k if active else self.max_k, room)), active
 
     def on_verified(self, req: Req, proposed: int, accepted: int, emitted: int) -> None:
         req.num_spec_proposed += proposed

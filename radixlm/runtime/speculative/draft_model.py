@@ -36,6 +36,8 @@ class Shadow:
 
 
 class DraftModelProposer:
+    cheap = False  # a proposal costs draft forwards: none while a request's speculation is paused
+
     def __init__(self, config: EngineConfig, target: ModelRunner):
         from transformers import AutoConfig
 
@@ -54,7 +56,7 @@ class DraftModelProposer:
         self._shadows: dict[str, Shadow] = {}
 
     # ---- proposals --------------------------------------------------------------------------------
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
         drafts: list[list[int]] = [[] for _ in reqs]
         live = [i for i, req in enumerate(reqs) if self._sync(req)]
         for step in range(max(ks, default=0)):
@@ -74,7 +76,7 @@ class DraftModelProposer:
             if shadow is not None:
                 shadow.kv_ids = shadow.req.full_ids()[: shadow.req.kv_len]
                 shadow.req.output_ids = req.output_ids[:]  # the drafts are not part of the sequence
-        return drafts
+        return [(draft, 0) for draft in drafts]
 
     def _rows(self, reqs: list[Req], live: list[int], drafts: list[list[int]], step: int) -> list[PlannedRow | None]:
         rows: list[PlannedRow | None] = []

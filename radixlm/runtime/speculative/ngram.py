@@ -74,16 +74,18 @@ class NgramCorpus:
         self._size = 0
 
 
-def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, namespace: str, k: int) -> list[int]:
-    """Up to k tokens continuing seq: the longest suffix match, own tokens first at equal length."""
+def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, namespace: str, k: int
+                  ) -> tuple[list[int], int]:
+    """(up to k tokens continuing seq, the length of the suffix matched): the longest suffix match, own
+    tokens first at equal length; ([], 0) without a match."""
     for n in range(own.max_n, own.min_n - 1, -1):
         end = own.lookup(seq, n)
         if end is not None:
             cont = seq[end : end + k]
             if cont:
-                return cont
+                return cont, n
         if corpus is not None:
             found = corpus.lookup(namespace, seq, n)
             if found:
-                return list(found[:k])
-    return []
+                return list(found[:k]), n
+    return [], 0
