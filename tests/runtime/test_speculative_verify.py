@@ -116,3 +116,25 @@ def test_adaptive_turns_down_then_off_then_back():
     for _ in range(10):
         state.update(state.k, state.k, 4, 0.25)
     assert state.k == 4
+
+
+def test_options_use_sglang_names_and_are_validated():
+    import argparse
+
+    import pytest
+
+    from radixlm.runtime.cli_flags import ENGINE_CONFIGS, add_dataclass_flags, dataclass_values
+    from radixlm.runtime.config import EngineConfig, SpeculativeConfig
+
+    ap = argparse.ArgumentParser()
+    for cls in ENGINE_CONFIGS:
+        add_dataclass_flags(ap, cls)
+    args = ap.parse_args(["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/d",
+                          "--speculative-num-draft-tokens", "6", "--speculative-num-steps", "3"])
+    spec = SpeculativeConfig(**dataclass_values(args, SpeculativeConfig))
+    assert (spec.algorithm, spec.max_draft) == ("STANDALONE", 3)
+    assert EngineConfig.from_options(speculative_algorithm="ngram").speculative.algorithm == "NGRAM"
+    for bad in ({"speculative_algorithm": "EAGLE"}, {"speculative_algorithm": "STANDALONE"},
+                {"speculative_num_draft_tokens": 0}, {"speculative_ngram_min_match": 9}):
+        with pytest.raises(ValueError):
+            SpeculativeConfig(**bad)
