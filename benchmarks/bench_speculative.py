@@ -94,11 +94,13 @@ WORKLOADS = {"json": json_prompt, "code": code_prompt, "chat": chat_prompt, "fre
 def run_worker(args) -> None:
     from radixlm.runtime.engine import Engine
 
-    spec = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k} if args.side == "on" else {}
+    spec = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
+            "speculative_min_acceptance": args.min_acceptance} if args.side == "on" else {}
     results = {}
     with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
         tok = eng.tokenizer
-        for name, make in WORKLOADS.items():
+        for name in args.workloads:
+            make = WORKLOADS[name]
             for batch in args.batches:
                 prompts = [make(i) if name == "json" else
                            tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
@@ -179,6 +181,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="speculative_num_draft_tokens")
     ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--worker", dest="side", choices=["on", "off"])
     ap.add_argument("--forward-costs", action="store_true")
@@ -190,7 +194,8 @@ def main() -> None:
     sides = {}
     for side in ("off", "on"):
         cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
-               "--k", str(args.k), "--batches", *map(str, args.batches)]
+               "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
+               "--min-acceptance", str(args.min_acceptance)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         if args.model_path:
