@@ -138,3 +138,15 @@ def test_options_use_sglang_names_and_are_validated():
                 {"speculative_num_draft_tokens": 0}, {"speculative_ngram_min_match": 9}):
         with pytest.raises(ValueError):
             SpeculativeConfig(**bad)
+
+
+def test_dp_ranks_merge_speculative_rates_from_the_sums():
+    from radixlm.runtime.server.dp_dispatch import _merge
+
+    def rank(rows, proposed, accepted, per_row):
+        return {"speculative": {"spec_verify_rows": rows, "spec_proposed_tokens": proposed,
+                                "spec_accepted_tokens": accepted, "spec_acceptance_rate": accepted / proposed,
+                                "spec_tokens_per_verify_row": per_row}}
+
+    merged = _merge([rank(2, 8, 4, 3.0), rank(2, 8, 8, 5.0)])["speculative"]
+    assert merged["spec_acceptance_rate"] == 0.75 and merged["spec_tokens_per_verify_row"] == 4.0
