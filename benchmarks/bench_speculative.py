@@ -95,7 +95,8 @@ def run_worker(args) -> None:
     from radixlm.runtime.engine import Engine
 
     spec = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
-            "speculative_min_acceptance": args.min_acceptance} if args.side == "on" else {}
+            "speculative_min_acceptance": args.min_acceptance,
+            "speculative_ngram_min_match": args.ngram_min_match} if args.side == "on" else {}
     results = {}
     with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
         tok = eng.tokenizer
@@ -183,6 +184,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
+    ap.add_argument("--ngram-min-match", type=int, default=3, help="speculative_ngram_min_match")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--worker", dest="side", choices=["on", "off"])
     ap.add_argument("--forward-costs", action="store_true")
@@ -195,7 +197,7 @@ def main() -> None:
     for side in ("off", "on"):
         cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
                "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
-               "--min-acceptance", str(args.min_acceptance)]
+               "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         if args.model_path:

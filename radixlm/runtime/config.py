@@ -80,7 +80,7 @@ class SpeculativeConfig:
     speculative_num_steps: int | None = None  # STANDALONE draft forwards per step; None = num_draft_tokens
     # NGRAM: the longest / shortest suffix (in tokens) looked up in the request's tokens and the cache.
     speculative_ngram_max_match: int = 8
-    speculative_ngram_min_match: int = 2
+    speculative_ngram_min_match: int = 3
     # Adaptive: a request whose acceptance rate falls below this turns its draft length down, then off.
     speculative_min_acceptance: float = 0.25
 
