@@ -56,7 +56,12 @@ def build_scheduler(config: EngineConfig) -> BuiltScheduler:
     outputs = OutputProcessor(tokenizer, info.vocab_size, eos, info.context_len, grammar, kv.truncate)
     limits = InputLimits(vocab_size=info.vocab_size, context_len=info.context_len,
                          max_total_tokens=info.max_total_tokens)
-    return BuiltScheduler(model_dir, tokenizer, hf_config, runner, Scheduler(runner, kv, sc, outputs, grammar), eos, limits)
+    scheduler = Scheduler(runner, kv, sc, outputs, grammar)
+    if config.speculative.algorithm is not None:
+        from radixlm.runtime.speculative.setup import build_speculation
+
+        scheduler.spec = outputs.spec = build_speculation(config, runner, info.context_len)
+    return BuiltScheduler(model_dir, tokenizer, hf_config, runner, scheduler, eos, limits)
 
 
 def make_req(msg: TokenizedGenerateReq, params: SamplingParams, rid: str, child: int,

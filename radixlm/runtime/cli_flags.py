@@ -18,10 +18,11 @@ from typing import Any
 
 import msgspec
 
-from radixlm.runtime.config import CacheConfig, GrammarConfig, ModelConfig, SchedulerConfig, ServerConfig
+from radixlm.runtime.config import (CacheConfig, GrammarConfig, ModelConfig, SchedulerConfig, ServerConfig,
+                                    SpeculativeConfig)
 from radixlm.sampling_params import SamplingParams
 
-ENGINE_CONFIGS: tuple[type, ...] = (ModelConfig, CacheConfig, SchedulerConfig, GrammarConfig)
+ENGINE_CONFIGS: tuple[type, ...] = (ModelConfig, CacheConfig, SchedulerConfig, GrammarConfig, SpeculativeConfig)
 _FIELD_DEFAULT = object()  # FlagExtra.default: use the field's own default
 
 
@@ -53,6 +54,8 @@ _EXTRAS: dict[str, FlagExtra] = {
     "schedule_policy": FlagExtra(choices=("lpm", "dfs-weight", "fcfs", "lof", "random")),
     "grammar_backend": FlagExtra(choices=("outlines", "xgrammar", "llguidance"),
                                  help="constrained-decoding engine (docs/constrained.md)"),
+    "speculative_algorithm": FlagExtra(choices=("NGRAM", "STANDALONE"),
+                                       help="speculative decoding (docs/engine.md, 'Speculative decoding')"),
     # server
     "api_keys": FlagExtra(names=("--api-key",),
                           help="require this key (Authorization: Bearer); repeat for several tenants"),

@@ -70,17 +70,58 @@ class GrammarConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (runtime/speculative/; SGLang's names). Exact: greedy output is token-identical
+    and sampled output follows the target distribution (rejection sampling), so it only changes speed."""
+
+    speculative_algorithm: str | None = None  # None (off) | NGRAM | STANDALONE
+    speculative_draft_model_path: str | None = None  # STANDALONE: the draft model (same tokenizer)
+    speculative_num_draft_tokens: int = 4  # most tokens proposed (and verified) per request per step
+    speculative_num_steps: int | None = None  # STANDALONE draft forwards per step; None = num_draft_tokens
+    # NGRAM: the longest / shortest suffix (in tokens) looked up in the request's tokens and the cache.
+    speculative_ngram_max_match: int = 8
+    speculative_ngram_min_match: int = 3
+    # Adaptive: a request whose acceptance rate falls below this turns its draft length down, then off.
+    speculative_min_acceptance: float = 0.25
+
+    def __post_init__(self) -> None:
+        algo = self.speculative_algorithm
+        if algo is not None and algo.upper() not in ("NGRAM", "STANDALONE"):
+            raise ValueError(f"speculative_algorithm must be NGRAM or STANDALONE; got {algo!r}")
+        if algo is not None and algo.upper() == "STANDALONE" and not self.speculative_draft_model_path:
+            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+        if not 1 <= self.speculative_num_draft_tokens <= 64:
+            raise ValueError("speculative_num_draft_tokens must be in [1, 64]")
+        if self.speculative_num_steps is not None and self.speculative_num_steps < 1:
+            raise ValueError("speculative_num_steps must be >= 1")
+        if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
+            raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
+
+    @property
+    def algorithm(self) -> str | None:
+        return None if self.speculative_algorithm is None else self.speculative_algorithm.upper()
+
+    @property
+    def max_draft(self) -> int:
+        """Tokens proposed per step at most (STANDALONE: also bounded by num_steps)."""
+        if self.algorithm == "STANDALONE" and self.speculative_num_steps is not None:
+            return min(self.speculative_num_steps, self.speculative_num_draft_tokens)
+        return self.speculative_num_draft_tokens
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     @classmethod
     def from_options(cls, model_path: str | None = None, **options: Any) -> "EngineConfig":
         """Split flat keyword options (SGLang-style names) into the sub-configs; unknown names raise."""
         groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-                  "grammar": GrammarConfig}
+                  "grammar": GrammarConfig, "speculative": SpeculativeConfig}
         values: dict[str, dict[str, Any]] = {name: {} for name in groups}
         values["model"]["model_path"] = None if model_path is None else str(model_path)
         for key, value in options.items():

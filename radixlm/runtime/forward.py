@@ -48,6 +48,9 @@ class PlannedRow(Generic[ReqT]):
     req: ReqT  # the scheduler's Req: only the scheduler side reads it
     start: int  # sequence position of the first new token (= kv_len before the step)
     num_new: int
+    # Speculative decoding: proposed tokens that follow the request's sequence; they are the row's last
+    # len(draft) tokens, verified from the logits at every position of the row (runtime/speculative/).
+    draft: list[int] = field(default_factory=list)
 
     @property
     def end(self) -> int:

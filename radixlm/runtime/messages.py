@@ -87,6 +87,9 @@ class TokenOut(msgspec.Struct):
     # Jump-forward may re-tokenize the tail: drop this many previously sent tokens before appending
     # new_ids (the decoded text still only grows).
     num_rollback: int = 0
+    # Speculative decoding: draft tokens verified for this request so far, and how many were accepted.
+    num_spec_proposed: int = 0
+    num_spec_accepted: int = 0
     # A request that was refused or failed (e.g. its grammar did not compile); finish is then an abort.
     error: Optional[RequestError] = None
 
@@ -173,6 +176,9 @@ class StrOut(msgspec.Struct, omit_defaults=True):
     payload: Optional[dict[str, Any]] = None
     delta: bool = False
     num_rollback: int = 0
+    # Speculative decoding: draft tokens verified for this request so far, and how many were accepted.
+    num_spec_proposed: int = 0
+    num_spec_accepted: int = 0
     error: Optional[RequestError] = None  # set on the final update of a refused or failed request
 
 

@@ -126,6 +126,9 @@ class ResponseState:
         }
         if last is not None and last.num_jump_forward_tokens:
             meta["jump_forward_tokens"] = last.num_jump_forward_tokens
+        if last is not None and last.num_spec_proposed:
+            meta["spec_proposed_tokens"] = last.num_spec_proposed
+            meta["spec_accepted_tokens"] = last.num_spec_accepted
         if self.json_check is not None:
             meta.update(self.json_check.to_meta())
         if msg.return_logprob:

@@ -21,7 +21,10 @@ def build_forward_batch(rows: list[PlannedRow[Req]], table: ReqToTokenTable, sm_
     starts: list[int] = []
     for row in rows:
         starts.append(len(ids))
-        ids.extend(row.req.full_ids()[row.start : row.end])
+        if row.draft:
+            ids.extend(row.req.full_ids()[row.start :] + row.draft)
+        else:
+            ids.extend(row.req.full_ids()[row.start : row.end])
         positions.extend(range(row.start, row.end))
         token_rows.extend([row.req.row] * row.num_new)
     seq_lens = [r.end for r in rows]

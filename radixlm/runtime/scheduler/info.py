@@ -26,7 +26,8 @@ def model_info(built: "BuiltScheduler", config: "EngineConfig") -> dict[str, Any
             "max_queued_requests": config.scheduler.max_queued_requests,
             "chunked_prefill_size": config.scheduler.chunked_prefill_size,
             "schedule_policy": config.scheduler.schedule_policy,
-            "disable_radix_cache": config.cache.disable_radix_cache}
+            "disable_radix_cache": config.cache.disable_radix_cache,
+            "speculative_algorithm": config.speculative.algorithm}
 
 
 def cache_stats(scheduler: "Scheduler") -> dict[str, float]:
@@ -42,7 +43,8 @@ def live_info(scheduler: "Scheduler") -> dict[str, Any]:
     """Counters of the running scheduler (summed over ranks by the server with --dp-size)."""
     return {"cache_stats": cache_stats(scheduler), "num_free_tokens": scheduler.kv.allocator.num_free(),
             "num_forward_steps": scheduler.num_forward_steps, "num_running_reqs": len(scheduler.running),
-            "num_waiting_reqs": len(scheduler.waiting)}
+            "num_waiting_reqs": len(scheduler.waiting),
+            **({"speculative": scheduler.spec.stats.to_dict()} if scheduler.spec is not None else {})}
 
 
 def server_info(built: "BuiltScheduler", config: "EngineConfig") -> dict[str, Any]:

@@ -83,6 +83,8 @@ class KVCacheManager:
         the tree (so a retried or sibling request reuses them) and its lock and row are released."""
         if req.row is None:
             return
+        if req.kv_len > req.seq_len():  # a step failed between planning a verify row and its verification
+            self.truncate(req, req.seq_len())
         slots = self.row_slots(req).clone()
         if self.tree is not None:
             self.tree.insert(req.namespace, req.full_ids()[: req.kv_len], slots)

@@ -20,6 +20,7 @@ from radixlm.runtime.sampling import logprobs as lp
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
 from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.request import FinishReason, Req
+from radixlm.runtime.speculative.verify import verify_sampled
 
 
 @dataclass
@@ -33,6 +34,8 @@ class LogitsPlan:
     # and on a GPU the build overlaps the queued forward. Built vocab_size wide: the sampler works on
     # that many columns at most (and cuts a mask to narrower logits).
     masks: GrammarMask | None = None
+    # Speculative verify rows: (row index, first logits row); logits at each of the row's 1 + k positions.
+    verify: list[tuple[int, int]] = field(default_factory=list)
 
 
 class OutputProcessor:
@@ -45,6 +48,7 @@ class OutputProcessor:
         self.grammar = grammar
         self._truncate_kv = truncate_kv  # jump-forward drops re-tokenized tokens' K/V
         self._stop_decoders: dict[str, IncrementalDecoder] = {}
+        self.spec = None  # speculative.controller.SpecController when speculative decoding is on
 
     # ---- before the forward -----------------------------------------------------------------------
     def plan_logits(self, batch: ForwardBatch) -> LogitsPlan:
@@ -59,7 +63,10 @@ class OutputProcessor:
                 if hi > lo:
                     plan.prompt.append((i, lo, hi - lo, len(indices)))
                     indices.extend(batch.token_index(i, p) for p in range(lo, hi))
-            if row.end == req.seq_len() and len(req.output_ids) < req.max_new_tokens:
+            if row.draft:
+                plan.verify.append((i, len(indices)))
+                indices.extend(batch.token_index(i, p) for p in range(row.end - len(row.draft) - 1, row.end))
+            elif row.end == req.seq_len() and len(req.output_ids) < req.max_new_tokens:
                 plan.sample.append((i, len(indices)))
                 indices.append(batch.token_index(i, row.end - 1))
         plan.indices = torch.tensor(indices, dtype=torch.int64)
@@ -86,6 +93,9 @@ class OutputProcessor:
                 if req.finish is None and req.grammar is not None:
                     valid = min(valid, self._jump_forward(req))
                 new_tokens[i] = (req.output_ids[valid:], sent - valid)
+        for i, r0 in plan.verify:
+            row = batch.rows[i]
+            new_tokens[i] = self._verify(row.req, logits[r0 : r0 + len(row.draft) + 1], row.draft)
         outputs: list[TokenOut] = []
         finished: list[Req] = []
         for i, row in enumerate(batch.rows):
@@ -103,6 +113,50 @@ class OutputProcessor:
                 finished.append(req)
                 self._stop_decoders.pop(req.rid, None)
         return outputs, finished
+
+    def _verify(self, req: Req, logits: torch.Tensor, draft: list[int]) -> tuple[list[int], int]:
+        """A speculative row: emit the target's token at each position while it equals the draft (the last
+        position's token comes free), free the rejected drafts' slots; returns (new ids, rollback)."""
+        sent = len(req.output_ids)
+        base = req.kv_len - len(draft)  # K/V positions < base are valid: the sequence before the draft
+        batched = None
+        if _greedy_unprocessed(req):  # the common case in one argmax: the Sampler's own greedy choice
+            batched = self.sampler(logits, [self._sampling_row(req)] * logits.shape[0])
+        accepted = 0
+        for j in range(len(draft) + 1):
+            row_logits = logits[j : j + 1]
+            want = draft[j] if j < len(draft) else None
+            if batched is not None:
+                tok, value = batched.token_ids[j], batched.logprobs[j]
+                ok = tok == want
+            else:
+                tok, ok = self._verify_position(req, row_logits, want)
+                value = None
+            req.output_ids.append(tok)
+            if req.logprob.return_logprob:
+                if value is None:
+                    value = lp.token_logprobs(row_logits, torch.tensor([tok])).item()
+                self._output_logprobs([req], row_logits, [tok], [value])
+            accepted += ok
+            req.finish = self._check_finish(req, tok)
+            if req.finish is not None or not ok:
+                break
+        self._truncate_kv(req, min(base + accepted, req.seq_len()))
+        self.spec.on_verified(req, len(draft), accepted, len(req.output_ids) - sent)
+        valid = sent
+        if req.finish is None and req.grammar is not None:
+            valid = min(valid, self._jump_forward(req))
+        return req.output_ids[valid:], sent - valid
+
+    def _verify_position(self, req: Req, logits: torch.Tensor, draft: int | None) -> tuple[int, bool]:
+        row = self._sampling_row(req)
+        mask = None
+        if req.grammar is not None:
+            mask = self.grammar.masks([req], self.sampler.vocab_size, logits.device)
+        if draft is None or req.params.is_greedy:
+            tok = self.sampler(logits, [row], mask).token_ids[0]
+            return tok, tok == draft
+        return verify_sampled(self.sampler, logits, row, mask, draft)
 
     def _sampling_row(self, req: Req) -> SamplingRow:
         return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator,
@@ -200,7 +254,8 @@ class OutputProcessor:
         out = TokenOut(rid=req.rid, new_ids=new_ids, prompt_tokens=len(req.input_ids),
                        completion_tokens=len(req.output_ids), cached_tokens=req.cached_len,
                        finish=req.finish,
-                       num_jump_forward_tokens=req.num_jump_forward_tokens, num_rollback=rollback)
+                       num_jump_forward_tokens=req.num_jump_forward_tokens, num_rollback=rollback,
+                       num_spec_proposed=req.num_spec_proposed, num_spec_accepted=req.num_spec_accepted)
         if req.logprob.return_logprob:
             k = len(new_ids)
             out.output_logprobs = acc.output_token[len(acc.output_token) - k :] if k else []
@@ -214,6 +269,15 @@ class OutputProcessor:
                 out.input_top_logprobs = acc.input_top if req.logprob.top_logprobs_num > 0 else []
                 out.input_ids_logprobs = acc.input_ids_logprob if req.logprob.token_ids_logprob else []
         return out
+
+
+def _greedy_unprocessed(req: Req) -> bool:
+    """Greedy with no processor whose effect depends on the tokens before a position (penalties, bias,
+    min_new_tokens, grammar): every position's token is then the plain argmax, computed in one call."""
+    p = req.params
+    return (p.is_greedy and req.grammar is None and not p.logit_bias and p.frequency_penalty == 0.0
+            and p.presence_penalty == 0.0 and p.repetition_penalty == 1.0
+            and len(req.output_ids) >= p.min_new_tokens)
 
 
 def _first_input_entry(req: Req) -> None:

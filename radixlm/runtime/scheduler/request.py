@@ -62,6 +62,8 @@ class Req:
     grammar: Any = None  # per-request grammar matcher (constrained decoding), or None
     num_jump_forward_tokens: int = 0
     first_admitted: bool = False
+    num_spec_proposed: int = 0  # speculative decoding: draft tokens verified for this request
+    num_spec_accepted: int = 0  # ... and accepted
 
     @property
     def max_new_tokens(self) -> int:

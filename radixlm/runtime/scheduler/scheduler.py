@@ -47,6 +47,7 @@ class Scheduler:
         self._arrivals = 0
         self.num_forward_steps = 0
         self.num_computed_tokens = 0  # tokens pushed through the model (prefill + decode)
+        self.spec = None  # speculative.controller.SpecController (set by the builder when speculation is on)
 
     # ---- requests in and out ----------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -80,6 +81,8 @@ class Scheduler:
     def _finish_now(self, req: Req, message: str) -> TokenOut:
         req.finish = FinishReason("abort", message=message)
         self.kv.release(req)
+        if self.spec is not None:
+            self.spec.on_finish(req)
         return self.out.make_output(req, [])
 
     def has_work(self) -> bool:
@@ -94,6 +97,8 @@ class Scheduler:
         if self.has_work():
             return False
         self.kv.flush()
+        if self.spec is not None:
+            self.spec.flush()
         return True
 
     # ---- one step ---------------------------------------------------------------------------------
@@ -114,10 +119,12 @@ class Scheduler:
         for req in finished:
             self.running.remove(req)
             self.kv.release(req)
+            if self.spec is not None:
+                self.spec.on_finish(req)
         for row in rows:
             # A prompt (or chunk of one) just computed goes into the tree now, not at finish, so
             # siblings admitted in the next steps share it (SGLang's cache_unfinished_req).
-            if row.num_new > 1 and not row.req.finished:
+            if row.num_new > 1 and not row.draft and not row.req.finished:
                 self.kv.cache_computed_prefix(row.req)
         return outputs
 
@@ -136,7 +143,7 @@ class Scheduler:
     def _plan(self) -> list[PlannedRow]:
         decode = [r for r in self.running if r.remaining_prefill() == 1]
         decode = self._reserve_decode_slots(decode)
-        rows = [PlannedRow(r, r.kv_len - 1, 1) for r in decode]
+        rows = self._decode_rows(decode)
         budget = self.config.chunked_prefill_size
         for req in self.running:
             if req.remaining_prefill() > 1 and budget > 0:
@@ -147,6 +154,19 @@ class Scheduler:
         rows += self._admit(budget)
         if not self.config.enable_mixed_chunk and len(rows) > len(decode) and decode:
             rows = self._undo_decode(rows, decode)
+        return rows
+
+    def _decode_rows(self, decode: list[Req]) -> list[PlannedRow]:
+        """One row per decoding request; with speculative decoding, a request with a draft of k tokens gets
+        a verify row [its last token, d1..dk] when the pool has k free slots (a draft never evicts cached
+        prefixes nor causes a retraction: without room it is simply not verified this step)."""
+        rows = [PlannedRow(r, r.kv_len - 1, 1) for r in decode]
+        if self.spec is None or not decode:
+            return rows
+        for row, draft in zip(rows, self.spec.propose(decode)):
+            if draft and self.kv.allocator.num_free() >= len(draft) and self.kv.extend(row.req, len(draft)):
+                row.num_new += len(draft)
+                row.draft = draft
         return rows
 
     def _reserve_decode_slots(self, decode: list[Req]) -> list[Req]:
@@ -237,9 +257,9 @@ class Scheduler:
 
     def _undo_decode(self, rows: list[PlannedRow], decode: list[Req]) -> list[PlannedRow]:
         """Non-mixed mode: give the step to prefill and return the decode slots just taken."""
-        for req in decode:
-            req.kv_len -= 1
-            self.kv.allocator.free(self.kv.table.table[req.row, req.kv_len : req.kv_len + 1].clone())
+        for row in rows:
+            if row.req in decode:
+                self.kv.truncate(row.req, row.start)  # its one decode slot and any draft slots
         return [r for r in rows if r.req not in decode]
 
     def _drain_stuck(self) -> list[TokenOut]:
@@ -256,6 +276,8 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.running)
+        if self.spec is not None:
+            self.spec.check_integrity(idle=not self.has_work())
 
 
 def _shares_uncached_prefix(req: Req, in_batch: list[Req]) -> bool:

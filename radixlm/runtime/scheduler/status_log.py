@@ -54,6 +54,12 @@ def status_line(scheduler: Scheduler, gen_tokens_per_s: float) -> str:
     total = kv.allocator.size
     evictable = kv.tree.evictable_size() if kv.tree is not None else 0
     used = total - kv.allocator.num_free() - evictable
-    return (f"Decode batch. #running-req: {len(scheduler.running)}, #token: {used}, "
+    line = (f"Decode batch. #running-req: {len(scheduler.running)}, #token: {used}, "
             f"token usage: {used / max(1, total):.2f}, cache hit rate: {100 * scheduler.stats.hit_rate:.2f}%, "
             f"gen throughput (token/s): {gen_tokens_per_s:.2f}, #queue-req: {len(scheduler.waiting)}")
+    spec = getattr(scheduler, "spec", None)
+    if spec is not None:  # totals since start (SGLang logs the accept length of speculative decoding)
+        spec = spec.stats
+        line += (f", spec accept rate: {100 * spec.acceptance_rate:.2f}%, "
+                 f"spec accept len: {spec.num_emitted / max(1, spec.num_verify_rows):.2f}")
+    return line

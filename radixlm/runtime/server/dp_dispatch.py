@@ -93,4 +93,9 @@ def _merge(dicts: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = first
     if "hit_rate" in out and "prompt_tokens" in out and "cached_tokens" in out:
         out["hit_rate"] = out["cached_tokens"] / out["prompt_tokens"] if out["prompt_tokens"] else 0.0
+    if "spec_acceptance_rate" in out:  # speculative decoding totals (SpecStats.to_dict): rates from the sums
+        proposed, rows = out["spec_proposed_tokens"], out["spec_verify_rows"]
+        out["spec_acceptance_rate"] = out["spec_accepted_tokens"] / proposed if proposed else 0.0
+        out["spec_tokens_per_verify_row"] = sum(d["spec_tokens_per_verify_row"] * d["spec_verify_rows"]
+                                                for d in dicts) / rows if rows else 0.0
     return out

@@ -41,7 +41,12 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.grammar_compile = Histogram(p + "grammar_compile_seconds", "Grammar compile wall time (workers)",
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.spec_proposed = Counter(p + "spec_proposed_tokens", "Speculative draft tokens verified", registry=r)
+        self.spec_accepted = Counter(p + "spec_accepted_tokens", "Speculative draft tokens accepted", registry=r)
+        self.spec_acceptance = Gauge(p + "spec_acceptance_rate", "spec accepted / proposed tokens so far",
+                                     registry=r)
         self._prompt_total = 0
+        self._spec_totals = [0, 0]  # proposed, accepted
         self._cached_total = 0
 
     def on_first_token(self, seconds: float) -> None:
@@ -66,6 +71,14 @@ class ServerMetrics:
         self._cached_total += cached
         self.cache_hit_rate.set(self._cached_total / self._prompt_total if self._prompt_total else 0.0)
         self.e2e.observe(e2e_seconds)
+        proposed = int(meta.get("spec_proposed_tokens", 0))
+        if proposed:
+            accepted = int(meta.get("spec_accepted_tokens", 0))
+            self.spec_proposed.inc(proposed)
+            self.spec_accepted.inc(accepted)
+            self._spec_totals[0] += proposed
+            self._spec_totals[1] += accepted
+            self.spec_acceptance.set(self._spec_totals[1] / self._spec_totals[0])
 
     def on_heartbeat(self, hb: Heartbeat) -> None:
         self.num_running.set(hb.num_running)

@@ -141,7 +141,8 @@ def _health_problem(tm: TokenizerManager, procs: dict[str, BaseProcess], watchdo
 
 def _server_args(engine_config: EngineConfig, server_config: ServerConfig) -> dict[str, Any]:
     args: dict[str, Any] = {}
-    for part in (engine_config.model, engine_config.cache, engine_config.scheduler, engine_config.grammar):
+    for part in (engine_config.model, engine_config.cache, engine_config.scheduler, engine_config.grammar,
+                 engine_config.speculative):
         args.update(asdict(part))
     public = asdict(server_config)
     public["api_keys"] = len(server_config.api_keys)  # never echo secrets

@@ -1,0 +1,220 @@
+"""Speculative decoding (NGRAM) on vs off on the real model: decode tok/s, acceptance, tokens per forward.
+
+    .venv/bin/python benchmarks/bench_speculative.py [--model-path DIR] [--repeats 3] [--new 128]
+    .venv/bin/python benchmarks/bench_speculative.py --forward-costs      # verify-row cost vs k
+
+Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 different variants):
+  (a) json:  extract the fields of a record as JSON after one example (few-shot completion, stops at the
+             end of the line; the values are copied from the record),
+  (b) code:  a code edit that repeats most of a function given in the prompt,
+  (c) chat:  a multi-turn chat whose last question asks to repeat an earlier answer with a change,
+  (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
+Each side (speculation on, off) runs in its own worker process, loaded once. Per repeat the cache (and
+the n-gram corpus) is flushed, the prompts are prefilled (max_new_tokens=1, so decode is what is timed),
+then the batch is generated; the median over repeats is reported. Output ids of both sides are compared
+(greedy speculation is exact: they must be identical).
+
+--forward-costs times one forward of B rows x (1 + k) tokens (k = 0..8, B = 1, 16) against a 512-token
+context: what a verify row costs on this machine relative to a plain decode row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+NAMES = ["Alice Johnson", "Bruno Diaz", "Chen Wei", "Dana Smith", "Emeka Obi", "Farah Khan", "Gustav Berg",
+         "Hana Sato", "Ivan Petrov", "Julia Rossi", "Kofi Mensah", "Lena Novak", "Marco Silva", "Nina Larsen",
+         "Omar Haddad", "Priya Nair"]
+CITIES = ["Lisbon", "Denver", "Osaka", "Leeds", "Lagos", "Lahore", "Malmo", "Kyoto", "Kazan", "Turin",
+          "Accra", "Brno", "Porto", "Bergen", "Amman", "Kochi"]
+
+
+def json_prompt(i: int) -> str:
+    """Few-shot extraction (a completion prompt: SmolLM2-135M does not follow the instruction reliably in
+    chat form, but it follows a format): the answer copies every value from the record."""
+    def record(j: int) -> str:
+        name, city = NAMES[j % 16], CITIES[j % 16]
+        return (f"Full name: {name}. Email: {name.split()[0].lower()}.{j}@example.com. City: {city}. "
+                f"Phone: +1-555-01{j:02d}. Account: ACC-{1000 + 37 * j}.")
+
+    def answer(j: int) -> str:
+        name, city = NAMES[j % 16], CITIES[j % 16]
+        return (f'{{"name": "{name}", "email": "{name.split()[0].lower()}.{j}@example.com", "city": "{city}", '
+                f'"phone": "+1-555-01{j:02d}", "account": "ACC-{1000 + 37 * j}"}}')
+
+    shot = (i + 5) % 16
+    return f"Record: {record(shot)}\nJSON: {answer(shot)}\nRecord: {record(i)}\nJSON:"
+
+
+CODE = '''def summarize(records, key, limit=10):
+    """Return the top entries of records grouped by key."""
+    counts = {}
+    for record in records:
+        value = record.get(key)
+        if value is None:
+            continue
+        counts[value] = counts.get(value, 0) + 1
+    ordered = sorted(counts.items(), key=lambda item: item[1], reverse=True)
+    result = []
+    for value, count in ordered[:limit]:
+        result.append({"value": value, "count": count})
+    return result
+'''
+
+
+def code_prompt(i: int) -> list[dict]:
+    new = ["rows", "items", "entries", "data"][i % 4] + ("" if i < 4 else str(i))
+    return [{"role": "user", "content": f"Here is a Python function:\n\n```python\n{CODE}```\n\nRewrite the whole "
+             f"function with the parameter `records` renamed to `{new}`. Output only the code."}]
+
+
+def chat_prompt(i: int) -> list[dict]:
+    city = CITIES[i % 16]
+    return [{"role": "user", "content": f"Plan a one-day trip to {city}."},
+            {"role": "assistant", "content": f"Morning: walk through the old town of {city} and visit the main "
+             f"market. Noon: lunch at a local restaurant near the river. Afternoon: visit the city museum and "
+             f"the cathedral. Evening: dinner with a view over {city} and a short walk along the harbour."},
+            {"role": "user", "content": "Repeat the plan exactly, but replace the museum with a park."}]
+
+
+def free_prompt(i: int) -> list[dict]:
+    topic = ["a lighthouse keeper", "a lost robot", "a mountain village", "a night train"][i % 4]
+    return [{"role": "user", "content": f"Write a short original story about {topic} in {CITIES[i % 16]}."}]
+
+
+WORKLOADS = {"json": json_prompt, "code": code_prompt, "chat": chat_prompt, "free": free_prompt}
+
+
+def run_worker(args) -> None:
+    from radixlm.runtime.engine import Engine
+
+    spec = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
+            "speculative_min_acceptance": args.min_acceptance,
+            "speculative_ngram_min_match": args.ngram_min_match} if args.side == "on" else {}
+    results = {}
+    with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
+        tok = eng.tokenizer
+        for name in args.workloads:
+            make = WORKLOADS[name]
+            for batch in args.batches:
+                prompts = [make(i) if name == "json" else
+                           tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
+                           for i in range(batch)]
+                params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
+                times, out = [], None
+                for _ in range(args.repeats):
+                    eng.flush_cache()
+                    eng.generate(prompts, {"max_new_tokens": 1, "temperature": 0})
+                    steps0 = eng.scheduler.num_forward_steps
+                    s0 = _spec_totals(eng)
+                    t = time.perf_counter()
+                    out = eng.generate(prompts, params)
+                    times.append(time.perf_counter() - t)
+                    steps = eng.scheduler.num_forward_steps - steps0
+                    s1 = _spec_totals(eng)
+                tokens = sum(len(r["output_ids"]) for r in out)
+                proposed, accepted = s1[0] - s0[0], s1[1] - s0[1]
+                results[f"{name}/b{batch}"] = {
+                    "tok_s": tokens / statistics.median(times), "tokens": tokens, "steps": steps,
+                    "tokens_per_forward": tokens / max(1, steps) / batch,
+                    "acceptance": accepted / proposed if proposed else None, "proposed": proposed,
+                    "output_ids": [r["output_ids"] for r in out]}
+    print(json.dumps(results))
+
+
+def _spec_totals(eng) -> tuple[int, int]:
+    spec = eng.scheduler.spec
+    return (spec.stats.num_proposed, spec.stats.num_accepted) if spec is not None else (0, 0)
+
+
+def forward_costs(args) -> None:
+    """One forward of B rows x (1 + k) new tokens after a 512-token context, median of 7."""
+    import torch
+
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.forward import PlannedRow
+    from radixlm.runtime.scheduler.batch import build_forward_batch
+    from radixlm.runtime.scheduler.request import Req
+    from radixlm.sampling_params import SamplingParams
+
+    with Engine(args.model_path, num_threads=args.threads) as eng:
+        sched = eng.scheduler
+        runner, kv = sched.runner, sched.kv
+        ctx = 512
+
+        def run():
+            print("batch  k  tokens  ms/forward  vs k=0", flush=True)
+            for batch in (1, 16):
+                base = None
+                for k in range(9):
+                    reqs = [Req(rid=f"r{i}", input_ids=[1] * (ctx + k + 1), params=SamplingParams())
+                            for i in range(batch)]
+                    for r in reqs:
+                        assert kv.admit(r, 0) and kv.extend(r, ctx + k + 1)
+                    rows = [PlannedRow(r, ctx, k + 1) for r in reqs]
+                    fb = build_forward_batch(rows, kv.table, runner.sm_scale, runner.device)
+                    idx = torch.arange(fb.num_tokens)
+                    times = []
+                    for _ in range(7):
+                        t = time.perf_counter()
+                        runner.forward(fb, idx)
+                        times.append(time.perf_counter() - t)
+                    ms = 1000 * statistics.median(times)
+                    base = base or ms
+                    print(f"{batch:5d} {k:2d} {fb.num_tokens:7d} {ms:11.1f}  {ms / base:6.2f}x", flush=True)
+                    for r in reqs:
+                        kv.allocator.free(kv.row_slots(r).clone())
+                        kv.table.free(r.row)
+                        kv.tree.dec_lock_ref(r.last_node) if r.last_node is not None and kv.tree else None
+        eng._loop.call(run)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4, help="speculative_num_draft_tokens")
+    ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
+    ap.add_argument("--ngram-min-match", type=int, default=3, help="speculative_ngram_min_match")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--worker", dest="side", choices=["on", "off"])
+    ap.add_argument("--forward-costs", action="store_true")
+    args = ap.parse_args()
+    if args.forward_costs:
+        return forward_costs(args)
+    if args.side:
+        return run_worker(args)
+    sides = {}
+    for side in ("off", "on"):
+        cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
+               "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
+               "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        if args.model_path:
+            cmd += ["--model-path", args.model_path]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+        if proc.returncode:
+            sys.exit(proc.stderr[-3000:])
+        sides[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"load: {os.getloadavg()}  threads={args.threads}  k={args.k}  new={args.new}  repeats={args.repeats}")
+    print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'accept':>7s} {'tok/fwd':>8s} same")
+    for key, off in sides["off"].items():
+        on = sides["on"][key]
+        acc = "-" if on["acceptance"] is None else f"{100 * on['acceptance']:.0f}%"
+        same = on["output_ids"] == off["output_ids"]
+        print(f"{key:10s} {off['tok_s']:10.1f} {on['tok_s']:10.1f} {on['tok_s'] / off['tok_s']:6.2f} {acc:>7s} "
+              f"{on['tokens_per_forward']:8.2f} {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Per-request adaptive draft length: speculation that is not paying turns itself down, then off a while.
+
+Runs in the scheduler process. A verify row of 1 + k tokens costs more than a 1-token decode row (on a CPU
+noticeably: docs/benchmarks.md), so a request whose proposals keep being rejected would be slower than
+plain decode. Each request keeps an exponential average of its acceptance rate (accepted / proposed per
+step): below `min_acceptance` its draft length halves; at 1 it stops proposing for a cool-down that doubles
+each time it is re-entered (a request whose text does not repeat quickly ends up speculating almost never).
+Good acceptance grows the length back to the maximum. Steps without a proposal cost nothing. During a
+pause an n-gram match of 6+ tokens is still proposed (a lookup costs no forward); if it is accepted, the
+pause ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EMA_WEIGHT = 0.3  # weight of the latest step in the acceptance average
+GROW_ABOVE = 0.6  # average acceptance above which the draft length grows by one
+FIRST_COOLDOWN = 8  # decode steps without speculation after the first turn-off
+MAX_COOLDOWN = 256
+
+
+@dataclass
+class AdaptiveState:
+    k: int  # current draft length
+    acceptance: float = 0.5  # the first proposals are tried at full length; two misses turn k down
+    cooldown: int = 0  # steps left without proposals
+    next_cooldown: int = FIRST_COOLDOWN
+
+    def wants_proposal(self) -> bool:
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return False
+        return True
+
+    def update(self, proposed: int, accepted: int, max_k: int, min_acceptance: float) -> None:
+        if proposed <= 0:
+            return
+        if self.cooldown > 0:  # a strong match proposed during a pause (controller.STRONG_MATCH)
+            if 2 * accepted >= proposed:  # it paid: the text repeats now, resume at the length that worked
+                self.cooldown, self.acceptance = 0, GROW_ABOVE
+                self.k = max(1, min(max_k, accepted))
+            return
+        self.acceptance = (1 - EMA_WEIGHT) * self.acceptance + EMA_WEIGHT * (accepted / proposed)
+        if self.acceptance >= min_acceptance:
+            if self.acceptance > GROW_ABOVE and self.k < max_k:
+                self.k += 1
+            if accepted == proposed:
+                self.next_cooldown = FIRST_COOLDOWN  # a streak that pays resets the back-off
+            return
+        if self.k > 1:
+            self.k = max(1, self.k // 2)
+            return
+        self.cooldown = self.next_cooldown
+        self.next_cooldown = min(MAX_COOLDOWN, 2 * self.next_cooldown)
+        self.acceptance = min_acceptance  # after the pause, one bad step turns it off again

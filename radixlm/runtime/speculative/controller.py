@@ -1,0 +1,165 @@
+"""SpecController: what the scheduler asks of speculative decoding (the hooks stay a few lines there).
+
+Runs in the scheduler process. Per step: `propose` gives each decoding request its draft tokens (bounded
+by max_new_tokens, the context, the grammar and the request's adaptive draft length); the scheduler turns
+a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
+(verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
+sequence to the cross-request n-gram corpus and drops the request's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from radixlm.runtime.config import SpeculativeConfig
+from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.speculative.adaptive import AdaptiveState
+from radixlm.runtime.speculative.ngram import NgramCorpus, NgramIndex, propose_ngram
+
+
+# A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
+# a long exact repeat (copied text) is strong evidence, and an n-gram lookup costs no forward.
+STRONG_MATCH = 6
+
+
+class Proposer(Protocol):
+    cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
+        """Per request (draft tokens, suffix match length; 0 where not an n-gram)."""
+
+    def on_finish(self, req: Req) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def check_integrity(self, idle: bool) -> None: ...
+
+
+@dataclass
+class SpecStats:
+    """Totals since start (the status log line and the server info read them)."""
+
+    num_verify_rows: int = 0  # rows that carried a draft
+    num_proposed: int = 0
+    num_accepted: int = 0
+    num_emitted: int = 0  # tokens those rows produced (accepted + the one sampled after them)
+    per_k: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        rows = max(1, self.num_verify_rows)
+        return {"spec_verify_rows": self.num_verify_rows, "spec_proposed_tokens": self.num_proposed,
+                "spec_accepted_tokens": self.num_accepted, "spec_acceptance_rate": self.acceptance_rate,
+                "spec_tokens_per_verify_row": self.num_emitted / rows}
+
+
+class NgramProposer:
+    cheap = True
+
+    def __init__(self, config: SpeculativeConfig):
+        self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
+        self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
+        self._own: dict[str, NgramIndex] = {}
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
+        drafts = []
+        for req, k in zip(reqs, ks):
+            own = self._own.get(req.rid)
+            if own is None:
+                own = self._own[req.rid] = NgramIndex(self.min_n, self.max_n)
+            drafts.append(propose_ngram(req.full_ids(), own, self.corpus, req.namespace, k))
+        return drafts
+
+    def on_finish(self, req: Req) -> None:
+        self._own.pop(req.rid, None)
+        if req.finish is not None and req.finish.type != "abort":
+            self.corpus.add(req.namespace, req.full_ids())
+
+    def flush(self) -> None:
+        self.corpus.clear()
+
+    def check_integrity(self, idle: bool) -> None:
+        assert not idle or not self._own, "n-gram indexes left while idle"
+
+
+class SpecController:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, context_len: int):
+        self.config = config
+        self.proposer = proposer
+        self.context_len = context_len
+        self.max_k = config.max_draft
+        self.stats = SpecStats()
+        self._state: dict[str, AdaptiveState] = {}
+
+    def propose(self, reqs: list[Req]) -> list[list[int]]:
+        """Draft tokens per decoding request ([] = a plain decode row)."""
+        chosen, ks, paused = [], [], set()
+        for req in reqs:
+            k, active = self._budget(req)
+            if k > 0 and (active or self.proposer.cheap):
+                chosen.append(req)
+                ks.append(k)
+                if not active:
+                    paused.add(req.rid)
+        drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks))) if chosen else {}
+        out = []
+        for req in reqs:
+            draft, match = drafts.get(req.rid, ([], 0))
+            if req.rid in paused and match < STRONG_MATCH:
+                draft = []
+            if draft and req.grammar is not None:
+                draft = _grammar_prefix(req.grammar, draft)
+            out.append(draft)
+        return out
+
+    def _budget(self, req: Req) -> tuple[int, bool]:
+        """(draft length, whether speculation is active: not paused by the adaptive state)."""
+        state = self._state.get(req.rid)
+        if state is None:
+            state = self._state[req.rid] = AdaptiveState(self.max_k)
+        active = state.wants_proposal()
+        # One token after the draft is always sampled: keep draft + 1 within max_new_tokens and the context.
+        room = min(req.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len()) - 1
+        return max(0, min(state.k if active else self.max_k, room)), active
+
+    def on_verified(self, req: Req, proposed: int, accepted: int, emitted: int) -> None:
+        req.num_spec_proposed += proposed
+        req.num_spec_accepted += accepted
+        s = self.stats
+        s.num_verify_rows += 1
+        s.num_proposed += proposed
+        s.num_accepted += accepted
+        s.num_emitted += emitted
+        s.per_k[proposed] = s.per_k.get(proposed, 0) + 1
+        state = self._state.get(req.rid)
+        if state is not None:
+            state.update(proposed, accepted, self.max_k, self.config.speculative_min_acceptance)
+
+    def on_finish(self, req: Req) -> None:
+        self._state.pop(req.rid, None)
+        self.proposer.on_finish(req)
+
+    def flush(self) -> None:
+        self.proposer.flush()
+
+    def check_integrity(self, idle: bool) -> None:
+        assert not idle or not self._state, "adaptive states left while idle"
+        self.proposer.check_integrity(idle)
+
+
+def _grammar_prefix(matcher, draft: list[int]) -> list[int]:
+    """The longest prefix of draft the grammar allows from its current state (matcher left unchanged)."""
+    n = 0
+    for tok in draft:
+        if not matcher.accept_token(tok):
+            break
+        n += 1
+        if matcher.is_terminated():
+            break
+    if n:
+        matcher.rollback(n)
+    return draft[:n]
