@@ -313,6 +313,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per workload (medians shown)")
     ap.add_argument("--modes", default="none,int8", help="radixlm quantization modes, comma-separated")
     ap.add_argument("--no-hf", action="store_true", help="leave HF transformers out")
+    ap.add_argument("--only", default="0,1,2", help="workload rows to run (0 decode, 1 batch, 2 prefill)")
     ap.add_argument("--llama-python", default=str(DEFAULT_PEERS / "venv" / "bin" / "python"))
     ap.add_argument("--gguf-dir", default=str(DEFAULT_PEERS / "gguf"),
                     help="holds <model dir name>-f32.gguf and -q8_0.gguf (convert_hf_to_gguf.py)")
@@ -337,10 +338,13 @@ def main() -> None:
     workers = [Worker(name, py, side, args, f.name) for name, py, side in plans]
     names = row_names(w["sizes"])
     got = {wk.name: [[] for _ in names] for wk in workers}
-    for index in range(len(names)):
+    chosen = [int(i) for i in args.only.split(",")]
+    for index in chosen:
         for _ in range(args.rounds):
             for wk in workers:
                 got[wk.name][index].append(wk.run(index))
+        print(f"# {names[index]}: " + ", ".join(f"{n} {statistics.median(v[index]):.1f}" for n, v in got.items())
+              + f" | load {load()}", flush=True)  # progress (the table comes at the end)
     for wk in workers:
         wk.close()
     os.unlink(f.name)
@@ -353,12 +357,13 @@ def main() -> None:
         print(note)
     print(f"model {Path(args.model_path).name} | threads {args.threads} | median of {args.rounds} rounds | "
           f"load average {start_load} (start), {load()} (end)")
-    med = {n: [statistics.median(v) for v in rows] for n, rows in got.items()}
+    med = {n: [statistics.median(v) if v else float("nan") for v in rows] for n, rows in got.items()}
     cols = list(med)
     print("| workload | " + " | ".join(cols) + " |")
     print("|---|" + "---|" * len(cols))
     for i, name in enumerate(names):
-        print(f"| {name} | " + " | ".join(f"{med[c][i]:.1f}" for c in cols) + " |")
+        if i in chosen:
+            print(f"| {name} | " + " | ".join(f"{med[c][i]:.1f}" for c in cols) + " |")
     refs = [c for c in cols if c.startswith(("llama.cpp", "HF"))]
     ours = [c for c in cols if c.startswith("radixlm")]
     if refs and ours:
@@ -366,7 +371,9 @@ def main() -> None:
         print("| workload | " + " | ".join(f"{o} / {r}" for o in ours for r in refs) + " |")
         print("|---|" + "---|" * (len(ours) * len(refs)))
         for i, name in enumerate(names):
-            print(f"| {name} | " + " | ".join(f"{med[o][i] / med[r][i]:.2f}x" for o in ours for r in refs) + " |")
+            if i in chosen:
+                print(f"| {name} | " + " | ".join(f"{med[o][i] / med[r][i]:.2f}x" for o in ours for r in refs)
+                      + " |")
 
 
 if __name__ == "__main__":
