@@ -159,11 +159,13 @@ def llama_runs(gguf: str, threads: int, w: dict) -> list:
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     cparams = L.llama_context_default_params()
     nseq = max(1, s["nreq"])
-    cparams.n_ctx = nseq * (s["plen"] + s["new"] + 16) + s["prefill"] + 64
+    cparams.n_ctx = nseq * max(s["plen"] + s["new"] + 16, s["prefill"] + 64)  # per stream: see kv_unified
     cparams.n_batch = 2048  # llama-server's default: prompts are decoded in chunks of up to 2048 tokens
     cparams.n_seq_max = nseq
     cparams.n_threads = cparams.n_threads_batch = threads
-    cparams.kv_unified = True
+    # One KV stream per sequence (n_ctx / n_seq_max cells each): each sequence attends to its own cells.
+    # A unified cache (kv_unified=True) makes every sequence's attention span all sequences' cells.
+    cparams.kv_unified = os.environ.get("RADIXLM_BENCH_LLAMA_KV_UNIFIED") == "1"
     cparams.no_perf = True
     ctx = L.llama_init_from_model(model, cparams)
     if not ctx:
