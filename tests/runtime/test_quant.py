@@ -18,7 +18,8 @@ from radixlm.runtime.engine import Engine
 from radixlm.runtime.model.quant.apply import resolve_quantization
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps
 from radixlm.runtime.model.quant.kernels import (
-    GROUP, dequantize, int4_qparams, pack_int4, quant_linear, quantize_int4, quantize_int8,
+    DENSE_MIN_ROWS, GROUP, dequantize, int4_qparams, pack_int4, quant_linear, quantize_int4, quantize_int8,
+    with_dense,
 )
 from radixlm.runtime.model.quant.setup import resolve_cpu_dtype
 
@@ -51,6 +52,27 @@ def test_quant_linear_matches_dequantized_reference(kind, rows):
         step = _bf16(x).abs().view(rows, -1, GROUP).sum(-1) @ ((hi - lo) / 15).t()
     exact = F.linear(x, w)
     assert bool(((y - bias - exact).abs() <= step / 2 + 2 * BF16_EPS * exact.abs() + 1e-3).all())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_dense_copy_serves_many_row_steps_with_the_same_values(kind):
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(96, 128, generator=g) * 0.05
+    q = quantize_int8(w, torch.bfloat16) if kind == "int8" else quantize_int4(w, torch.bfloat16)
+    qd = with_dense(q)
+    ref_w = dequantize(q)
+    # The copy holds the dequantized weight, rounded to bf16.
+    torch.testing.assert_close(qd.dense.float(), ref_w, rtol=BF16_EPS, atol=1e-6)
+    assert qd.nbytes() == q.nbytes() + qd.dense.nbytes
+    for rows in (1, DENSE_MIN_ROWS - 1, DENSE_MIN_ROWS, 64):
+        x = torch.randn(rows, 128, generator=g)
+        y = quant_linear(x, qd)
+        if rows < DENSE_MIN_ROWS:  # few rows: the weight-only kernel, exactly as without the copy
+            assert torch.equal(y, quant_linear(x, q))
+        # Either path: bf16 activations times the dequantized weight, up to bf16 roundings of the
+        # weight copy and the output.
+        bound = 3 * BF16_EPS * (_bf16(x).abs() @ ref_w.abs().t()) + 1e-4
+        assert bool(((y - F.linear(_bf16(x), ref_w)).abs() <= bound).all())
 
 
 def test_int4_kernel_computes_q_minus_8_times_scale_plus_zero():

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from radixlm.runtime.model.quant.kernels import (
-    GROUP, Int4Weight, pack_int4, quant_linear, quantize_int4, quantize_int8,
+    GROUP, Int4Weight, pack_int4, quant_linear, quantize_int4, quantize_int8, with_dense,
 )
 
 logger = logging.getLogger(__name__)
@@ -84,9 +84,11 @@ def _from_source(parts: list[str], source: Int4Source) -> Int4Weight | None:
     return pack_int4(q, scale, zero, torch.bfloat16)
 
 
-def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None) -> int:
+def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None, dense: bool = False) -> int:
     """Replace the model's linear weights by `mode`'s quantized ones, in place; returns how many were
-    taken from `source` as they are (a GGUF's int4 blocks) instead of quantized from the loaded weights."""
+    taken from `source` as they are (a GGUF's int4 blocks) instead of quantized from the loaded weights.
+    dense: also keep each layer weight's dequantized bf16 copy for many-row steps (kernels.DENSE_MIN_ROWS;
+    only worth its memory where the CPU computes bf16 natively)."""
     if mode == "none":
         return 0
     quantize, exact = _quantizer(mode), 0
@@ -99,6 +101,8 @@ def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None
             exact += weight is not None
             if weight is None:
                 weight = quantize(_as_matrix(getattr(owner, attr).data))
+            if dense:
+                weight = with_dense(weight)
             del owner._parameters[attr]  # a plain attribute now: the module's `linear` knows its format
             setattr(owner, attr, weight)
         layer.linear = layer.self_attn.linear = quant_linear

@@ -12,6 +12,7 @@ from torch import nn
 
 from radixlm.runtime.model.quant.apply import GGUF_MODES, quantize_model, resolve_quantization, weight_bytes
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps, cpu_caps
+from radixlm.runtime.model.quant.kernels import DENSE_MIN_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +69,12 @@ def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
         from radixlm.runtime.model.quant.gguf_source import read_int4_blocks
 
         source = read_int4_blocks(plan.gguf_path, hf_config)
-    exact = quantize_model(model, plan.quantization, source)
+    dense = plan.caps.native_bf16  # bf16 GEMMs for many-row steps (kernels.DENSE_MIN_ROWS)
+    exact = quantize_model(model, plan.quantization, source, dense)
     detail = {"none": "", "int8": ", int8 per channel, bf16 activations",
               "int4": ", int4 groups of 32, bf16 activations"}[plan.quantization]
+    if dense and plan.quantization != "none":
+        detail += f", bf16 copies for steps of >= {DENSE_MIN_ROWS} rows"
     from_gguf = f", {exact} taken from the GGUF's 4-bit blocks as they are" if source is not None else ""
     logger.info("weights: quantization=%s%s%s, dtype=%s, %.1f MB; CPU %s", plan.quantization, detail, from_gguf,
                 str(plan.dtype).removeprefix("torch."), weight_bytes(model) / 1e6, plan.caps.describe())
