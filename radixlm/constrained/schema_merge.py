@@ -81,12 +81,13 @@ _KIND_KEYS = {
 }
 
 
-def _drop_kind(out: dict[str, Any], kind: str) -> None:
+def _drop_kind(out: dict[str, Any], kind: str, cause: Conflict) -> None:
     """The keywords of one type conflict: no value of that type matches, the others are unaffected by
-    those keywords (an untyped `properties` holds for every string). Conflict if no type is left."""
+    those keywords (an untyped `properties` holds for every string). Conflict if no type is left; it
+    names the keyword and place that ruled the type out (`cause`)."""
     types = [t for t in (out.get("type") or TYPES) if t != kind]
     if not types:
-        raise Conflict(f"no {kind} matches both and no other type is allowed")
+        raise Conflict(f"{cause}; no {kind} matches both and no other type is allowed")
     out["type"] = types
     for key in _KIND_KEYS[kind]:
         out.pop(key, None)
@@ -161,16 +162,16 @@ class Merger:
             if key in a and key in b:
                 try:
                     out[key] = self.merge(a[key], b[key], f"{path}/{key}")
-                except Conflict:
-                    _drop_kind(out, "object" if key == "propertyNames" else "array")
+                except Conflict as e:
+                    _drop_kind(out, "object" if key == "propertyNames" else "array", e)
         try:
             self._properties(a, b, out, path)
-        except Conflict:
-            _drop_kind(out, "object")
+        except Conflict as e:
+            _drop_kind(out, "object", e)
         try:
             self._prefix(a, b, out, path)
-        except Conflict:
-            _drop_kind(out, "array")
+        except Conflict as e:
+            _drop_kind(out, "array", e)
         return out
 
     def _multiple(self, a: dict[str, Any], b: dict[str, Any], out: dict[str, Any], path: str) -> None:
