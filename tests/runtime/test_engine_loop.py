@@ -13,6 +13,9 @@ from radixlm.runtime.engine_loop import EngineLoop
 
 
 class _IdleScheduler:
+    running: list = []  # read by the loop's status log each turn
+    waiting: list = []
+
     def has_work(self) -> bool:
         return False
 
