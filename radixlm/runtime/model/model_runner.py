@@ -16,6 +16,7 @@ from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.forward import ForwardBatch, to_device
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.kv_pool import KVPool
+from radixlm.runtime.model.layout_probe import probe_layout
 from radixlm.runtime.model.quant.setup import apply_plan, plan_weights
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
@@ -82,11 +83,14 @@ class StepThreads:
         torch.set_num_threads(full)
 
     @classmethod
-    def for_config(cls, mc: ModelConfig, layout: str = "column") -> "StepThreads":
-        """layout: the resolved weight layout (weight_layout.resolve_layout)."""
+    def for_config(cls, mc: ModelConfig, layout: str = "column", measured: int | None = None) -> "StepThreads":
+        """layout: the resolved weight layout (weight_layout.resolve_layout); measured: the small-step
+        threads layout_probe found fastest (the config's own value still wins)."""
         full = mc.num_threads or default_num_threads()
         if mc.small_step_threads is not None:
             small = mc.small_step_threads
+        elif measured is not None:
+            small = measured
         else:
             small = full - 1 if 2 <= full <= 8 and layout != "blocks" else full
         if full < 1 or small < 1:
@@ -98,6 +102,13 @@ class StepThreads:
         if want != self._current:
             torch.set_num_threads(want)  # the thread running the model; torch's pool is process-wide
             self._current = want
+
+
+def _probed_layout(hf_config, threads: int) -> tuple[str, int] | None:
+    picked = probe_layout(hf_config.hidden_size, hf_config.intermediate_size, hf_config.num_hidden_layers, threads)
+    if picked is not None:
+        logger.info("weight layout: %s, %d thread(s) for small steps (measured fastest here)", *picked)
+    return picked
 
 
 class ModelRunner:
@@ -112,9 +123,13 @@ class ModelRunner:
         self.dtype, self.quantization = plan.dtype, plan.quantization
         threads = model_config.num_threads or default_num_threads()
         self.layout = resolve_layout(model_config.weight_layout, self.device, self.dtype, threads)
+        small = None
         if model_config.tp_size > 1:
             self.layout = "row"  # each rank's shard keeps the loaded layout (not measured under TP)
-        self.threads = StepThreads.for_config(model_config, self.layout) if self.device.type == "cpu" else None
+        elif model_config.weight_layout == "auto" and self.layout != "row":
+            self.layout, small = _probed_layout(hf_config, threads) or (self.layout, None)
+        self.threads = (StepThreads.for_config(model_config, self.layout, small) if self.device.type == "cpu"
+                        else None)
         self.context_len = _context_len(hf_config, model_config.context_length)
         t0 = time.perf_counter()
         self.tp = None  # tp_driver.TPDriver when tp_size > 1 (docs/scaling.md)

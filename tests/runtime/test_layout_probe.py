@@ -1,0 +1,42 @@
+"""`weight_layout="auto"` measures the layouts on this machine (runtime/model/layout_probe.py) for models big
+enough to matter, and the model runner takes the measured layout and small-step thread count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.runtime.engine import Engine
+from radixlm.runtime.model import model_runner
+from radixlm.runtime.model.layout_probe import probe_layout
+
+
+def test_no_probe_for_one_thread_or_a_tiny_model():
+    assert probe_layout(576, 1536, 30, 1) is None  # one thread: the static rule (column)
+    assert probe_layout(64, 128, 2, 2) is None  # a test checkpoint: nothing to gain
+
+
+def test_probe_picks_a_measured_candidate_and_restores_threads():
+    before = torch.get_num_threads()
+    picked = probe_layout(512, 1536, 8, 2)  # ~90 MB of fp32 weights
+    assert picked in {("blocks", 2), ("column", 2), ("column", 1)}
+    assert torch.get_num_threads() == before
+    assert probe_layout(512, 1536, 8, 2) == picked  # once per process
+
+
+@pytest.mark.parametrize("picked", [("column", 1), ("column", 2), ("blocks", 2)])
+def test_runner_takes_the_measured_layout(tiny_llama_dir, monkeypatch, picked):
+    monkeypatch.setattr(model_runner, "probe_layout", lambda *args: picked)
+    with Engine(str(tiny_llama_dir), num_threads=2) as engine:
+        assert (engine.runner.layout, engine.runner.threads.small) == picked
+        out = engine.generate("Paris", {"max_new_tokens": 4, "temperature": 0})
+        assert len(out["output_ids"]) == 4
+        engine.check_integrity()
+
+
+def test_explicit_layout_and_threads_win_over_the_probe(tiny_llama_dir, monkeypatch):
+    monkeypatch.setattr(model_runner, "probe_layout", lambda *args: ("column", 1))
+    with Engine(str(tiny_llama_dir), num_threads=2, weight_layout="blocks") as engine:
+        assert engine.runner.layout == "blocks" and engine.runner.threads.small == 2
+    with Engine(str(tiny_llama_dir), num_threads=2, small_step_threads=2) as engine:
+        assert (engine.runner.layout, engine.runner.threads.small) == ("column", 2)
