@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+from radixlm.radix_cache.tree_node import common_prefix_len
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.forward import PlannedRow
 from radixlm.runtime.messages import RequestError, TokenOut
@@ -285,15 +286,7 @@ def _shares_uncached_prefix(req: Req, in_batch: list[Req]) -> bool:
     for other in in_batch:
         if other.namespace != req.namespace:
             continue
-        n = _common_prefix_len(ids, other.full_ids())
+        n = common_prefix_len(ids, other.full_ids(), 0)
         if n - req.prefix_len >= IN_BATCH_PREFIX_THRESHOLD:
             return True
     return False
-
-
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from radixlm.radix_cache.tree_node import common_prefix_len
 from radixlm.runtime.config import CacheConfig, EngineConfig
 from radixlm.runtime.forward import PlannedRow
 from radixlm.runtime.model.model_runner import ModelRunner
@@ -94,7 +95,7 @@ class DraftModelProposer:
         shadow = self._shadows.get(req.rid)
         if shadow is not None:
             sh = shadow.req
-            keep = min(_common_prefix(shadow.kv_ids, req.full_ids()), req.seq_len() - 1, sh.kv_len)
+            keep = min(common_prefix_len(shadow.kv_ids, req.full_ids(), 0), req.seq_len() - 1, sh.kv_len)
             sh.output_ids = req.output_ids[:]
             if keep >= sh.tree_len:
                 self.kv.truncate(sh, keep)
@@ -117,7 +118,7 @@ class DraftModelProposer:
             return
         sh = shadow.req
         target_ids = req.full_ids() if req is not None else sh.full_ids()
-        keep = max(sh.tree_len, min(_common_prefix(shadow.kv_ids, target_ids), sh.kv_len))
+        keep = max(sh.tree_len, min(common_prefix_len(shadow.kv_ids, target_ids, 0), sh.kv_len))
         self.kv.truncate(sh, keep)  # only K/V computed for the final tokens go into the draft's tree
         sh.output_ids = target_ids[len(sh.input_ids) :]
         self.kv.release(sh)
@@ -131,11 +132,3 @@ class DraftModelProposer:
         if idle:
             assert not self._shadows, "draft shadows left while idle"
             self.kv.check_idle()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
