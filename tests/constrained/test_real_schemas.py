@@ -184,3 +184,40 @@ def test_random_walk_outputs_validate(backend, tokenizer, corpus):
                 invalid.append(f"{item.name} seed {seed}: {errors[0]} in {walk.text[:300]!r}")
     assert not invalid, invalid
     assert finished >= len(seeds) * min(num_schemas, len(accepted)) // 2, finished
+
+
+def _feed_masked(matcher, ids: list[int], width: int) -> int:
+    """Like schema_corpus.feed, but each token must also pass the step's mask (what the sampler sees)."""
+    import torch
+
+    for i, t in enumerate(ids):
+        mask = torch.zeros(width, dtype=torch.bool)
+        matcher.fill_allowed_mask(mask)
+        if not mask[t] or not matcher.accept_token(t):
+            return i
+    return -1 if matcher.is_accepting() else len(ids)
+
+
+@pytest.mark.slow
+def test_unique_items_layer_refuses_no_valid_instance(tokenizer, corpus):
+    """The corpus' valid documents under schemas with `uniqueItems`, with the mask of the layer that blocks
+    repeated items (unique_items.py) at every step: it refuses nothing the default grammar takes."""
+    from benchmarks.schema_corpus import serialize, token_ids
+    from radixlm.constrained.unique_items import TokenTable, UniqueItemsGrammar, wants_unique_items
+    from radixlm.constrained.vocabulary import token_bytes_for
+
+    results = compiled_for(DEFAULT_BACKEND, tokenizer, corpus)
+    table = TokenTable.build(token_bytes_for(tokenizer))
+    walked, differ = 0, []
+    for item in corpus:
+        grammar = results[item.name].grammar
+        if grammar is None or not item.instances or not wants_unique_items(spec_text(item)):
+            continue
+        guarded = UniqueItemsGrammar(grammar, item.schema, table, len(tokenizer))
+        for value in item.instances:
+            ids = token_ids(tokenizer, serialize(value, item.schema, False))
+            plain = _feed_masked(grammar.matcher(), ids, len(tokenizer))
+            walked += 1
+            if _feed_masked(guarded.matcher(), ids, len(tokenizer)) != plain:
+                differ.append(item.name)
+    assert walked >= 40 and not differ, (walked, differ)

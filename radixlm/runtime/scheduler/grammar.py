@@ -9,6 +9,7 @@ constrain anything start no workers.
 
 from __future__ import annotations
 
+import collections
 import json
 from concurrent.futures import Future
 
@@ -21,6 +22,7 @@ from radixlm.sampling_params import SamplingParams
 
 # How many trailing output tokens jump-forward may re-tokenize together with the forced text.
 _MAX_RETOKENIZE = 8
+_MAX_UNIQUE_GRAMMARS = 64  # schema wrappers kept (each holds its resolved scopes)
 
 
 def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
@@ -44,6 +46,8 @@ class GrammarManager:
         self._cache = None
         self._pending: list[tuple[Req, Future]] = []
         self._masks = MaskBuilder()  # one reused mask buffer for every step
+        self._unique_table = None  # unique_items.TokenTable, built on the first schema that needs it
+        self._unique: collections.OrderedDict[str, object] = collections.OrderedDict()  # spec -> grammar
 
     def _grammar_cache(self):
         if self._cache is None:
@@ -74,12 +78,33 @@ class GrammarManager:
                 still.append((req, fut))
                 continue
             try:
-                req.grammar = fut.result().matcher()
+                req.grammar = self._with_unique_items(req, fut.result()).matcher()
                 ready.append(req)
             except Exception as exc:  # GrammarError (a 400) or a worker failure
                 failed.append((req, exc))
         self._pending = still
         return ready, failed
+
+    def _with_unique_items(self, req: Req, compiled):
+        """The compiled grammar, wrapped so that `uniqueItems` on free values is enforced while generating
+        (unique_items.py) when the request's schema asks for it. One wrapper per schema text (LRU)."""
+        from radixlm.constrained.unique_items import UniqueItemsGrammar, wants_unique_items
+
+        kind, spec = grammar_spec(req.params)
+        if kind != "json_schema" or not wants_unique_items(spec):
+            return compiled
+        key = f"{id(compiled)}:{spec}"
+        if key not in self._unique:
+            if self._unique_table is None:
+                from radixlm.constrained.unique_items import TokenTable
+                from radixlm.constrained.vocabulary import token_bytes_for
+
+                self._unique_table = TokenTable.build(token_bytes_for(self.tokenizer))
+            self._unique[key] = UniqueItemsGrammar(compiled, json.loads(spec), self._unique_table, self.vocab_size)
+            while len(self._unique) > _MAX_UNIQUE_GRAMMARS:
+                self._unique.popitem(last=False)
+        self._unique.move_to_end(key)
+        return self._unique[key]
 
     def remove(self, rid: str) -> Req | None:
         for i, (req, _) in enumerate(self._pending):

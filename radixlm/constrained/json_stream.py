@@ -1,0 +1,201 @@
+"""An incremental JSON reader over the bytes a constrained request has generated, that knows which arrays
+must hold unique items and which items they already hold.
+
+Runs in the scheduler process, inside unique_items.py's matcher. The grammar guarantees the text is a
+prefix of valid JSON, so this reader only tracks structure (no error recovery). Item values are read back
+with `json.loads` from the text when they complete; snapshots are cheap (frames are small, `seen` sets
+are immutable) so the matcher can keep one per token for rollback and try candidate tokens on a copy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from radixlm.constrained.schema_scope import SchemaScope, Scope
+
+WS = frozenset(b" \t\n\r")
+NUMBER_BYTES = frozenset(b"0123456789+-.eE")
+LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
+
+# Reader modes.
+VALUE, AFTER, KEY, COLON, STR, STR_ESC, NUM, LIT, DONE = range(9)
+
+
+class Frame:
+    __slots__ = ("is_obj", "scope", "unique", "seen", "start", "index", "key")
+
+    def __init__(self, is_obj: bool, scope: Scope, unique: bool):
+        self.is_obj, self.scope, self.unique = is_obj, scope, unique
+        self.seen: frozenset = frozenset()
+        self.start = -1      # where the current item began (arrays)
+        self.index = 0       # items completed so far (arrays)
+        self.key: str | None = None
+
+    def copy(self) -> "Frame":
+        twin = Frame(self.is_obj, self.scope, self.unique)
+        twin.seen, twin.start, twin.index, twin.key = self.seen, self.start, self.index, self.key
+        return twin
+
+
+def value_key(value: Any) -> Any:
+    """A hashable key under which two JSON values collide iff JSON Schema calls them equal (1 == 1.0,
+    true != 1, objects regardless of member order)."""
+    if isinstance(value, bool) or value is None:
+        return ("c", value)
+    if isinstance(value, (int, float)):
+        return ("n", int(value) if isinstance(value, float) and value.is_integer() else value)
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, list):
+        return ("a", tuple(value_key(v) for v in value))
+    return ("o", frozenset((k, value_key(v)) for k, v in value.items()))
+
+
+class JsonStream:
+    """Reads text as it is generated. `duplicate` turns True when an item completes in a unique array
+    that already holds an equal item (the caller decides what that means)."""
+
+    def __init__(self, scope: SchemaScope):
+        self._scope = scope
+        self.text = bytearray()
+        self.stack: list[Frame] = []
+        self.mode = VALUE
+        self.key_string = False   # the string being read is an object key
+        self.str_start = -1
+        self.lit_left = b""
+        self.duplicate = False
+
+    # ---- snapshots ----------------------------------------------------------------------------------
+    def state(self) -> tuple:
+        return (len(self.text), [f.copy() for f in self.stack], self.mode, self.key_string, self.str_start,
+                self.lit_left, self.duplicate)
+
+    def restore(self, state: tuple) -> None:
+        n, stack, self.mode, self.key_string, self.str_start, self.lit_left, self.duplicate = state
+        del self.text[n:]
+        self.stack = [f.copy() for f in stack]
+
+    # ---- reading ------------------------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        base = len(self.text)
+        self.text += data
+        for i, b in enumerate(data):
+            self._step(b, base + i)
+
+    def pending_unique(self) -> Frame | None:
+        """The innermost unique array that already holds an item (a duplicate is possible), or None."""
+        for frame in reversed(self.stack):
+            if frame.unique and frame.seen:
+                return frame
+        return None
+
+    def partial_string(self, frame: Frame) -> bytes | None:
+        """The raw bytes so far (after the opening quote) of `frame`'s current item when that item is a
+        string being read outside an escape, else None."""
+        if frame is not self.stack[-1] or self.mode != STR or self.key_string:
+            return None
+        return bytes(self.text[self.str_start + 1:])
+
+    def partial_number(self, frame: Frame) -> bytes | None:
+        """The bytes so far of `frame`'s current item when that item is a number being read, else None."""
+        if frame is not self.stack[-1] or self.mode != NUM:
+            return None
+        return bytes(self.text[frame.start:])
+
+    def _step(self, b: int, pos: int) -> None:
+        mode = self.mode
+        if mode == STR:
+            if b == 0x5C:  # backslash
+                self.mode = STR_ESC
+            elif b == 0x22:
+                self._end_string(pos + 1)
+        elif mode == STR_ESC:
+            self.mode = STR
+        elif mode == NUM:
+            if b not in NUMBER_BYTES:
+                self._complete(pos)
+                self._step(b, pos)
+        elif mode == LIT:
+            self.lit_left = self.lit_left[1:]
+            if not self.lit_left:
+                self._complete(pos + 1)
+        elif b in WS:
+            return
+        elif mode == VALUE:
+            if b == 0x5D and self.stack and not self.stack[-1].is_obj:  # `]` of an empty array
+                self._close(pos)
+            else:
+                self._start_value(b, pos)
+        elif mode == AFTER:
+            if b == 0x2C:  # comma
+                self.mode = KEY if self.stack[-1].is_obj else VALUE
+            elif b in (0x7D, 0x5D):
+                self._close(pos)
+        elif mode == KEY:
+            if b == 0x22:
+                self.mode, self.key_string, self.str_start = STR, True, pos
+            elif b == 0x7D:
+                self._close(pos)
+        elif mode == COLON and b == 0x3A:
+            self.mode = VALUE
+
+    def _start_value(self, b: int, pos: int) -> None:
+        top = self.stack[-1] if self.stack else None
+        if top is not None and not top.is_obj:
+            top.start = pos
+        if b == 0x22:
+            self.mode, self.key_string, self.str_start = STR, False, pos
+        elif b in (0x7B, 0x5B):
+            self._open(b == 0x7B, top)
+        elif b in LITERALS:
+            self.mode, self.lit_left = LIT, LITERALS[b]
+        else:
+            self.mode = NUM
+
+    def _open(self, is_obj: bool, parent: Frame | None) -> None:
+        scope = self._child_scope(parent)
+        unique = not is_obj and SchemaScope.requires(scope, "array", "uniqueItems")
+        self.stack.append(Frame(is_obj, scope, unique))
+        self.mode = KEY if is_obj else VALUE
+
+    def _child_scope(self, parent: Frame | None) -> Scope:
+        if parent is None:
+            return self._scope.root()
+        if parent.is_obj:
+            return None if parent.key is None else self._scope.member(parent.scope, parent.key)
+        return self._scope.item(parent.scope, parent.index)
+
+    def _end_string(self, end: int) -> None:
+        if self.key_string:
+            try:
+                self.stack[-1].key = json.loads(bytes(self.text[self.str_start:end]))
+            except (ValueError, RecursionError):  # never for grammar-valid text; then this key's scope is unknown
+                self.stack[-1].key = None
+            self.key_string, self.mode = False, COLON
+        else:
+            self._complete(end)
+
+    def _close(self, pos: int) -> None:
+        self.stack.pop()
+        self._complete(pos + 1)
+
+    def _complete(self, end: int) -> None:
+        """A value ended at `end` (exclusive): record it if it is an item of a unique array."""
+        if not self.stack:
+            self.mode = DONE
+            return
+        top = self.stack[-1]
+        self.mode = AFTER
+        if top.is_obj:
+            return
+        if top.unique:
+            try:
+                key = value_key(json.loads(bytes(self.text[top.start:end])))
+            except (ValueError, RecursionError):  # never for grammar-valid text; an unreadable item is not compared
+                key = None
+            if key is not None and key in top.seen:
+                self.duplicate = True
+            elif key is not None:
+                top.seen = top.seen | {key}
+        top.index += 1

@@ -1,0 +1,278 @@
+"""`uniqueItems` on free values, enforced while generating: a matcher around any backend's matcher that
+blocks the tokens which would complete an array item equal to an earlier one.
+
+Runs in the scheduler process (GrammarManager wraps a json_schema request's matcher when its schema asks
+for unique items). No grammar can say "unlike the earlier items" for free strings or objects, so every
+backend approximates the keyword; here the grammar still decides what is well-formed and this layer only
+removes duplicates from its mask. What it cannot catch (an item spelled with other escapes than
+`json.dumps` writes, a dead end where every allowed token repeats an item) is still caught by validating
+the finished output (validate.py), as before.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixlm.constrained.base import CompiledGrammar, GrammarMatcher
+from radixlm.constrained.bitmask import num_words
+from radixlm.constrained.json_stream import AFTER, LIT, NUM, STR, VALUE, JsonStream
+from radixlm.constrained.schema_scope import SchemaScope
+from radixlm.constrained.vocabulary import TokenBytes
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_WHOLE_NUMBER = re.compile(rb"[0-9][0-9.eE+-]*[,}\] \t\n\r]")
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """Per-token facts for choosing which tokens to try (built once per tokenizer)."""
+
+    token_bytes: tuple[bytes | None, ...]
+    quote: np.ndarray        # contains `"`
+    two_quotes: np.ndarray   # contains two `"` (a whole string)
+    closer: np.ndarray       # contains `}` or `]`
+    ends_value: np.ndarray   # contains `,` `}` `]` or whitespace (ends a number)
+    literal: np.ndarray      # after whitespace / commas, starts like true, false or null
+    whole_number: np.ndarray  # digits then something that ends a number
+    has_e: np.ndarray
+    has_l: np.ndarray
+    sorted_bytes: tuple[bytes, ...]  # every token's bytes, sorted, for prefix lookups
+    sorted_ids: np.ndarray
+
+    @classmethod
+    def build(cls, table: TokenBytes) -> "TokenTable":
+        tb = table.token_bytes
+
+        def flags(pred) -> np.ndarray:
+            return np.fromiter((b is not None and pred(b) for b in tb), dtype=bool, count=len(tb))
+
+        pairs = sorted((b, i) for i, b in enumerate(tb) if b)
+        return cls(
+            token_bytes=tb,
+            quote=flags(lambda b: b'"' in b),
+            two_quotes=flags(lambda b: b.count(b'"') >= 2),
+            closer=flags(lambda b: b"}" in b or b"]" in b),
+            ends_value=flags(lambda b: any(c in b for c in b",}] \t\n\r")),
+            literal=flags(lambda b: b.lstrip(b" ,\t\n\r")[:1] in (b"t", b"f", b"n")),
+            whole_number=flags(lambda b: _WHOLE_NUMBER.search(b) is not None),
+            has_e=flags(lambda b: b"e" in b),
+            has_l=flags(lambda b: b"l" in b),
+            sorted_bytes=tuple(p[0] for p in pairs),
+            sorted_ids=np.array([p[1] for p in pairs], dtype=np.int64),
+        )
+
+    def exactly(self, data: bytes) -> np.ndarray:
+        lo = bisect.bisect_left(self.sorted_bytes, data)
+        hi = lo
+        while hi < len(self.sorted_bytes) and self.sorted_bytes[hi] == data:
+            hi += 1
+        return self.sorted_ids[lo:hi]
+
+    def with_prefix(self, prefix: bytes) -> np.ndarray:
+        lo = bisect.bisect_left(self.sorted_bytes, prefix)
+        hi = lo
+        while hi < len(self.sorted_bytes) and self.sorted_bytes[hi].startswith(prefix):
+            hi += 1
+        return self.sorted_ids[lo:hi]
+
+
+def _spelled(key: tuple) -> bytes | None:
+    """How json.dumps writes a string item's content or a number item (what a model writes)."""
+    if key[0] == "s":
+        return json.dumps(key[1], ensure_ascii=False)[1:-1].encode("utf-8")
+    if key[0] == "n":
+        return json.dumps(key[1]).encode("ascii")
+    return None
+
+
+def wants_unique_items(spec: str) -> bool:
+    """Cheap pre-check on the schema text before parsing it."""
+    return '"uniqueItems"' in spec
+
+
+class UniqueItemsGrammar(CompiledGrammar):
+    def __init__(self, inner: CompiledGrammar, schema: Any, table: TokenTable, vocab_size: int):
+        self._inner, self._scope, self._table, self._vocab = inner, SchemaScope(schema), table, vocab_size
+
+    def matcher(self) -> "UniqueItemsMatcher":
+        return UniqueItemsMatcher(self._inner.matcher(), self._scope, self._table, self._vocab)
+
+
+class UniqueItemsMatcher(GrammarMatcher):
+    def __init__(self, inner: GrammarMatcher, scope: SchemaScope, table: TokenTable, vocab_size: int):
+        self._inner, self._scope, self._table, self._vocab = inner, scope, table, vocab_size
+        self._stream = JsonStream(scope)
+        self._history = [self._stream.state()]  # the reader's state after each accepted token
+        self._words = np.zeros(num_words(vocab_size), dtype=np.int32)
+        self._version = 0
+        self._bans, self._bans_at = _EMPTY, -1
+        self._broken = False  # the reader failed (a bug, never the client's fault): plain grammar from here
+
+    # ---- masks --------------------------------------------------------------------------------------
+    def banned(self) -> np.ndarray:
+        """Token ids the grammar allows now that would complete a duplicate item (cached per state)."""
+        if self._bans_at != self._version:
+            try:
+                self._bans = _EMPTY if self._broken else self._find_bans()
+            except Exception:  # noqa: BLE001 - never take the scheduler down over an extra check
+                self._broken, self._bans = True, _EMPTY
+            self._bans_at = self._version
+        return self._bans
+
+    def _find_bans(self) -> np.ndarray:
+        bans, allowed = self._completing_bans()
+        if allowed is None:
+            return bans
+        if bans.size >= int(allowed.sum()):
+            return _EMPTY  # a dead end: let the grammar have its way; the output check reports it
+        ahead = self._dead_end_bans(allowed)
+        return np.union1d(bans, ahead) if ahead.size else bans
+
+    def _completing_bans(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Allowed tokens that would complete a duplicate now, and the allowed mask (None: nothing to do)."""
+        stream = self._stream
+        frame = stream.pending_unique()
+        if frame is None:
+            return _EMPTY, None
+        allowed = self._allowed()
+        partial = stream.partial_string(frame)
+        if partial is not None:
+            bans = self._string_bans(frame, partial)
+            bans = bans[bans < self._vocab]
+            return bans[allowed[bans]], allowed
+        tried = np.flatnonzero(allowed[: len(self._table.token_bytes)] & self._candidates(frame))
+        return np.array([t for t in tried if self._completes_duplicate(int(t))], dtype=np.int64), allowed
+
+    def _dead_end_bans(self, allowed: np.ndarray) -> np.ndarray:
+        """One step of lookahead: a token that spells the rest of an earlier string or number item exactly
+        (`13` + `0` after an earlier 130) is blocked when, after it, the grammar allows only tokens that
+        complete the duplicate (a bounded number, a string at its maxLength, ...)."""
+        stream = self._stream
+        frame = stream.pending_unique()
+        partial, kind = stream.partial_string(frame), "s"
+        if partial is None:
+            partial, kind = stream.partial_number(frame), "n"
+        if partial is None:
+            return _EMPTY
+        found = []
+        for key in frame.seen:
+            spelled = _spelled(key) if key[0] == kind else None
+            if spelled is None or len(spelled) <= len(partial) or not spelled.startswith(partial):
+                continue
+            for t in self._table.exactly(spelled[len(partial):]):
+                if t < self._vocab and allowed[t] and self._is_dead_end_after(int(t)):
+                    found.append(int(t))
+        return np.array(sorted(set(found)), dtype=np.int64)
+
+    def _is_dead_end_after(self, token_id: int) -> bool:
+        twin = self.copy()
+        if not twin.accept_token(token_id):
+            return False
+        bans, allowed = twin._completing_bans()
+        return allowed is not None and bans.size > 0 and bans.size >= int(allowed.sum())
+
+    def _allowed(self) -> np.ndarray:
+        self._inner.fill_bitmask(torch.from_numpy(self._words))
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little").astype(bool)
+        return bits[: self._vocab]
+
+    def _string_bans(self, frame, partial: bytes) -> np.ndarray:
+        """Tokens that close the string being read so that it spells an earlier item (as json.dumps
+        writes it): the rest of that item's encoding, then the closing quote."""
+        found = []
+        for key in frame.seen:
+            spelled = _spelled(key) if key[0] == "s" else None
+            if spelled is not None and spelled.startswith(partial):
+                found.append(self._table.with_prefix(spelled[len(partial):] + b'"'))
+        return np.unique(np.concatenate(found)) if found else _EMPTY
+
+    def _candidates(self, frame) -> np.ndarray:
+        """Tokens that could possibly complete an item of `frame` (each is then tried on a copy)."""
+        t, stream = self._table, self._stream
+        if frame is not stream.stack[-1]:
+            return t.closer  # the item is a container still open above: only a closing bracket ends it
+        if stream.mode == NUM:
+            return t.ends_value
+        if stream.mode == LIT:
+            return t.has_e if stream.lit_left.endswith(b"e") else t.has_l
+        if stream.mode in (VALUE, AFTER):  # a whole short item inside one token
+            return t.two_quotes | t.whole_number | t.literal | t.closer
+        return t.quote if stream.mode == STR else t.closer
+
+    def _completes_duplicate(self, token_id: int) -> bool:
+        data = self._table.token_bytes[token_id]
+        if not data:
+            return False
+        stream = self._stream
+        saved = stream.state()
+        stream.duplicate = False
+        try:
+            stream.feed(data)
+            return stream.duplicate
+        finally:
+            stream.restore(saved)
+
+    def fill_allowed_mask(self, mask: torch.Tensor) -> None:
+        self._inner.fill_allowed_mask(mask)
+        bans = self.banned()
+        if bans.size:
+            mask[torch.from_numpy(bans)] = False
+
+    def fill_bitmask(self, words: torch.Tensor) -> None:
+        self._inner.fill_bitmask(words)
+        bans = self.banned()
+        if not bans.size:
+            return
+        row = words.detach().cpu().numpy().copy().view(np.uint32)
+        np.bitwise_and.at(row, bans >> 5, ~(np.uint32(1) << (bans & 31).astype(np.uint32)))
+        words.copy_(torch.from_numpy(row.view(np.int32)))
+
+    def cpu_mask(self):
+        return None if self.banned().size else self._inner.cpu_mask()
+
+    # ---- advancing ----------------------------------------------------------------------------------
+    def accept_token(self, token_id: int) -> bool:
+        # Only a mask computed for this state bans (forced jump-forward text is never refused here).
+        if self._bans_at == self._version and self._bans.size and token_id in set(self._bans.tolist()):
+            return False
+        if not self._inner.accept_token(token_id):
+            return False
+        if not self._broken:
+            try:
+                if 0 <= token_id < len(self._table.token_bytes) and self._table.token_bytes[token_id]:
+                    self._stream.feed(self._table.token_bytes[token_id])
+            except Exception:  # noqa: BLE001 - see banned()
+                self._broken = True
+        self._history.append(self._stream.state())
+        self._version += 1
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        self._inner.rollback(num_tokens)
+        if num_tokens:
+            del self._history[-num_tokens:]
+            self._stream.restore(self._history[-1])
+            self._version += 1
+
+    def is_terminated(self) -> bool:
+        return self._inner.is_terminated()
+
+    def is_accepting(self) -> bool:
+        return self._inner.is_accepting()
+
+    def jump_forward(self) -> str | None:
+        return self._inner.jump_forward()
+
+    def copy(self) -> "UniqueItemsMatcher":
+        twin = UniqueItemsMatcher(self._inner.copy(), self._scope, self._table, self._vocab)
+        twin._stream.text = bytearray(self._stream.text)
+        twin._stream.restore(self._history[-1])
+        twin._history, twin._broken = list(self._history), self._broken
+        return twin
