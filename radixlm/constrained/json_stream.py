@@ -23,18 +23,20 @@ VALUE, AFTER, KEY, COLON, STR, STR_ESC, NUM, LIT, DONE = range(9)
 
 
 class Frame:
-    __slots__ = ("is_obj", "scope", "unique", "seen", "start", "index", "key")
+    __slots__ = ("is_obj", "scope", "unique", "seen", "values", "start", "index", "key")
 
     def __init__(self, is_obj: bool, scope: Scope, unique: bool):
         self.is_obj, self.scope, self.unique = is_obj, scope, unique
-        self.seen: frozenset = frozenset()
+        self.seen: frozenset = frozenset()  # value_key of each item so far
+        self.values: tuple = ()             # the items themselves (lookahead follows paths into them)
         self.start = -1      # where the current item began (arrays)
         self.index = 0       # items completed so far (arrays)
         self.key: str | None = None
 
     def copy(self) -> "Frame":
         twin = Frame(self.is_obj, self.scope, self.unique)
-        twin.seen, twin.start, twin.index, twin.key = self.seen, self.start, self.index, self.key
+        twin.seen, twin.values, twin.start, twin.index, twin.key = (self.seen, self.values, self.start, self.index,
+                                                                    self.key)
         return twin
 
 
@@ -97,11 +99,32 @@ class JsonStream:
             return None
         return bytes(self.text[self.str_start + 1:])
 
-    def partial_number(self, frame: Frame) -> bytes | None:
-        """The bytes so far of `frame`'s current item when that item is a number being read, else None."""
-        if frame is not self.stack[-1] or self.mode != NUM:
-            return None
-        return bytes(self.text[frame.start:])
+    def partial_scalar(self) -> tuple[str, bytes] | None:
+        """("s", raw bytes after the quote) of a string value being read outside an escape, ("n", bytes
+        so far) of a number being read, else None."""
+        if self.mode == STR and not self.key_string:
+            return "s", bytes(self.text[self.str_start + 1:])
+        if self.mode == NUM:
+            top = self.stack[-1] if self.stack else None
+            start = top.start if top is not None and not top.is_obj else self._number_start()
+            return "n", bytes(self.text[start:])
+        return None
+
+    def path_in_item(self, frame: Frame) -> list | None:
+        """Keys and indices from `frame`'s current item down to the value being read (None: a key)."""
+        at = next(i for i, f in enumerate(self.stack) if f is frame)
+        path = []
+        for f in self.stack[at + 1:]:
+            if f.is_obj and f.key is None:
+                return None
+            path.append(f.key if f.is_obj else f.index)
+        return path
+
+    def _number_start(self) -> int:
+        i = len(self.text)
+        while i > 0 and self.text[i - 1] in NUMBER_BYTES:
+            i -= 1
+        return i
 
     def _step(self, b: int, pos: int) -> None:
         mode = self.mode
@@ -191,11 +214,12 @@ class JsonStream:
             return
         if top.unique:
             try:
-                key = value_key(json.loads(bytes(self.text[top.start:end])))
+                value = json.loads(bytes(self.text[top.start:end]))
+                key = value_key(value)
             except (ValueError, RecursionError):  # never for grammar-valid text; an unreadable item is not compared
                 key = None
             if key is not None and key in top.seen:
                 self.duplicate = True
             elif key is not None:
-                top.seen = top.seen | {key}
+                top.seen, top.values = top.seen | {key}, top.values + (value,)
         top.index += 1

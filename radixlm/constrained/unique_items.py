@@ -22,11 +22,12 @@ import torch
 
 from radixlm.constrained.base import CompiledGrammar, GrammarMatcher
 from radixlm.constrained.bitmask import num_words
-from radixlm.constrained.json_stream import AFTER, LIT, NUM, STR, VALUE, JsonStream
+from radixlm.constrained.json_stream import AFTER, LIT, NUM, STR, VALUE, JsonStream, value_key
 from radixlm.constrained.schema_scope import SchemaScope
 from radixlm.constrained.vocabulary import TokenBytes
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_LOOKAHEAD = 2  # tokens of lookahead for a forced repeat (one value token, then blanks)
 _WHOLE_NUMBER = re.compile(rb"[0-9][0-9.eE+-]*[,}\] \t\n\r]")
 
 
@@ -42,6 +43,7 @@ class TokenTable:
     literal: np.ndarray      # after whitespace / commas, starts like true, false or null
     whole_number: np.ndarray  # digits then something that ends a number
     has_e: np.ndarray
+    blank: np.ndarray        # only whitespace
     has_l: np.ndarray
     sorted_bytes: tuple[bytes, ...]  # every token's bytes, sorted, for prefix lookups
     sorted_ids: np.ndarray
@@ -63,6 +65,7 @@ class TokenTable:
             literal=flags(lambda b: b.lstrip(b" ,\t\n\r")[:1] in (b"t", b"f", b"n")),
             whole_number=flags(lambda b: _WHOLE_NUMBER.search(b) is not None),
             has_e=flags(lambda b: b"e" in b),
+            blank=flags(lambda b: not b.strip(b" \t\n\r")),
             has_l=flags(lambda b: b"l" in b),
             sorted_bytes=tuple(p[0] for p in pairs),
             sorted_ids=np.array([p[1] for p in pairs], dtype=np.int64),
@@ -83,8 +86,20 @@ class TokenTable:
         return self.sorted_ids[lo:hi]
 
 
+def _follow(value: Any, path: list) -> Any:
+    """value[p0][p1]... or None where the path leaves it."""
+    for step in path:
+        if isinstance(value, dict) and isinstance(step, str) and step in value:
+            value = value[step]
+        elif isinstance(value, list) and isinstance(step, int) and step < len(value):
+            value = value[step]
+        else:
+            return None
+    return value
+
+
 def _spelled(key: tuple) -> bytes | None:
-    """How json.dumps writes a string item's content or a number item (what a model writes)."""
+    """How json.dumps writes a string's content or a number (what a model writes), by value_key."""
     if key[0] == "s":
         return json.dumps(key[1], ensure_ascii=False)[1:-1].encode("utf-8")
     if key[0] == "n":
@@ -130,10 +145,10 @@ class UniqueItemsMatcher(GrammarMatcher):
         bans, allowed = self._completing_bans()
         if allowed is None:
             return bans
+        bans = np.union1d(bans, self._dead_end_bans(allowed, bans, 0))
         if bans.size >= int(allowed.sum()):
             return _EMPTY  # a dead end: let the grammar have its way; the output check reports it
-        ahead = self._dead_end_bans(allowed)
-        return np.union1d(bans, ahead) if ahead.size else bans
+        return bans
 
     def _completing_bans(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Allowed tokens that would complete a duplicate now, and the allowed mask (None: nothing to do)."""
@@ -150,33 +165,52 @@ class UniqueItemsMatcher(GrammarMatcher):
         tried = np.flatnonzero(allowed[: len(self._table.token_bytes)] & self._candidates(frame))
         return np.array([t for t in tried if self._completes_duplicate(int(t))], dtype=np.int64), allowed
 
-    def _dead_end_bans(self, allowed: np.ndarray) -> np.ndarray:
-        """One step of lookahead: a token that spells the rest of an earlier string or number item exactly
-        (`13` + `0` after an earlier 130) is blocked when, after it, the grammar allows only tokens that
-        complete the duplicate (a bounded number, a string at its maxLength, ...)."""
+    def _dead_end_bans(self, allowed: np.ndarray, banned: np.ndarray, depth: int) -> np.ndarray:
+        """One step of lookahead: a token that finishes the string or number being read so that it spells
+        the same value as in an earlier item (at the same place inside it) is blocked when, after it, the
+        grammar allows only tokens that complete the duplicate: `13` + `0` after an earlier 130 under
+        `maximum: 999`, or the last member of a closed object (`"Value": "b"` + `"` before `}`). Blank
+        tokens are tried too: `[ ]?` before a forced `}` must not walk into the dead end either."""
         stream = self._stream
         frame = stream.pending_unique()
-        partial, kind = stream.partial_string(frame), "s"
-        if partial is None:
-            partial, kind = stream.partial_number(frame), "n"
-        if partial is None:
-            return _EMPTY
-        found = []
-        for key in frame.seen:
+        skip = set(banned.tolist())
+        blank = np.flatnonzero(allowed[: len(self._table.token_bytes)] & self._table.blank)
+        found = {int(t) for t in blank if int(t) not in skip and self._is_dead_end_after(int(t), depth)}
+        scalar = stream.partial_scalar()
+        path = stream.path_in_item(frame) if scalar is not None else None
+        if path is None:
+            return np.array(sorted(found), dtype=np.int64)
+        kind, partial = scalar
+        for value in frame.values:
+            key = value_key(_follow(value, path))
             spelled = _spelled(key) if key[0] == kind else None
-            if spelled is None or len(spelled) <= len(partial) or not spelled.startswith(partial):
+            if spelled is None or not spelled.startswith(partial) or (kind == "n" and spelled == partial):
                 continue
-            for t in self._table.exactly(spelled[len(partial):]):
-                if t < self._vocab and allowed[t] and self._is_dead_end_after(int(t)):
-                    found.append(int(t))
-        return np.array(sorted(set(found)), dtype=np.int64)
+            rest = spelled[len(partial):]
+            tokens = self._table.exactly(rest) if kind == "n" else self._table.with_prefix(rest + b'"')
+            for t in tokens:
+                if (t < self._vocab and allowed[t] and int(t) not in found | skip
+                        and self._is_dead_end_after(int(t), depth)):
+                    found.add(int(t))
+        return np.array(sorted(found), dtype=np.int64)
 
-    def _is_dead_end_after(self, token_id: int) -> bool:
+    def _is_dead_end_after(self, token_id: int, depth: int) -> bool:
         twin = self.copy()
-        if not twin.accept_token(token_id):
+        return twin.accept_token(token_id) and twin._no_way_out(depth + 1)
+
+    def _no_way_out(self, depth: int) -> bool:
+        """Every token the grammar allows here completes a duplicate, or is blank and leads to such a
+        state (looked into at most _LOOKAHEAD blank tokens deep)."""
+        bans, allowed = self._completing_bans()
+        if allowed is None or not bans.size:
             return False
-        bans, allowed = twin._completing_bans()
-        return allowed is not None and bans.size > 0 and bans.size >= int(allowed.sum())
+        escapes = np.setdiff1d(np.flatnonzero(allowed), bans)
+        if not escapes.size:
+            return True
+        if depth >= _LOOKAHEAD:
+            return False
+        n = len(self._table.token_bytes)
+        return all(t < n and self._table.blank[t] and self._is_dead_end_after(int(t), depth) for t in escapes)
 
     def _allowed(self) -> np.ndarray:
         self._inner.fill_bitmask(torch.from_numpy(self._words))

@@ -27,6 +27,11 @@ TAGS = {"type": "object", "properties": {"Tags": {"type": "array", "uniqueItems"
                                                   "items": {"$ref": "#/definitions/Tag"}}},
         "definitions": {"Tag": {"type": "object", "required": ["Key", "Value"],
                                 "properties": {"Key": {"type": "string"}, "Value": {"type": "string"}}}}}
+# A closed object: after its last member only `}` may follow, so the repeat is forced one token early.
+TAGS_CLOSED = {"type": "array", "uniqueItems": True, "items": {
+    "type": "object", "required": ["Key", "Value"], "additionalProperties": False,
+    "properties": {"Key": {"type": "string"}, "Value": {"type": "string"}}}}
+BOUNDED = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "uniqueItems": True}
 NESTED = {"type": "array", "uniqueItems": True, "items": {"type": "array", "items": {"type": "integer"}}}
 TREE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
     "name": {"type": "string"}, "kids": {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/node"}}}}}}
@@ -39,6 +44,8 @@ VALID = [
     (STRINGS, '["ab", "cd", "abc", "a", "", "a\\"b", "a\\\\b"]'),
     (NUMBERS, "[1, 2, 12, 1.5, -1, 10, 100, 1e3]"),
     (TAGS, '{"Tags": [{"Key": "a", "Value": "b"}, {"Key": "a", "Value": "c"}, {"Key": "c", "Value": "b"}]}'),
+    (TAGS_CLOSED, '[{"Key": "a", "Value": "b"}, {"Key": "a", "Value": "bc"}, {"Key": "b", "Value": "b"}]'),
+    (BOUNDED, "[130, 13, 131, 1, 999, 0]"),
     (NESTED, "[[1], [1, 2], [2, 1], []]"),
     (TREE, '{"name": "r", "kids": [{"name": "a"}, {"name": "b", "kids": [{"name": "a"}]}]}'),
     (EITHER, "[1, 1, 1]"),
@@ -53,6 +60,10 @@ DUPLICATES = [
     (NESTED, "[[1, 2], [1, 2]]", -2),
     (TREE, '{"name": "r", "kids": [{"name": "a"}, {"name": "a"}]}', -3),
     (BY_PATTERN, '{"x-a": [true, true]}', -3),
+    # Lookahead: the token that makes the repeat unavoidable is blocked (the closing quote of the last
+    # member, blanks before the `}` included; the last digit a bounded number can take).
+    (TAGS_CLOSED, '[{"Key": "a", "Value": "b"}, {"Key": "a", "Value": "b"}]', -3),
+    (BOUNDED, "[130, 130]", -2),
 ]
 
 
