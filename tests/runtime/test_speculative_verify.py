@@ -9,7 +9,7 @@ import torch
 
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, make_generator
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import NgramCorpus, NgramIndex, propose_ngram
+from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
 from radixlm.runtime.speculative.verify import verify_sampled
 from radixlm.sampling_params import SamplingParams
 
@@ -150,3 +150,56 @@ def test_dp_ranks_merge_speculative_rates_from_the_sums():
 
     merged = _merge([rank(2, 8, 4, 3.0), rank(2, 8, 8, 5.0)])["speculative"]
     assert merged["spec_acceptance_rate"] == 0.75 and merged["spec_tokens_per_verify_row"] == 4.0
+
+
+def _req(rid, ids, namespace="", max_new=16):
+    from radixlm.runtime.scheduler.request import Req
+
+    params = SamplingParams(max_new_tokens=max_new, temperature=0)
+    params.normalize()
+    return Req(rid=rid, input_ids=list(ids), params=params, namespace=namespace)
+
+
+
+def test_running_requests_text_is_proposed_within_its_namespace_only():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.messages import FinishReason
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    # A (running, still prefilling: not decoding) holds a few-shot line; B's suffix [40, 41, 42] occurs
+    # only in A's prompt, so B's draft can only come from A's text. C, another tenant, has the same suffix.
+    a = _req("a", [1, 2, 3, 40, 41, 42, 50, 51, 52, 53, 54])
+    b = _req("b", [7, 8, 9, 40, 41, 42])
+    c = _req("c", [7, 8, 9, 40, 41, 42], namespace="other")
+    assert ctl.propose([b, c], running=[a, b, c]) == [[50, 51, 52, 53], []]
+    # What a running request generates is visible too, as it grows (incrementally indexed).
+    a.output_ids += [60, 61, 62, 63, 64]
+    b.output_ids += [50, 51, 52, 53, 54, 60, 61]
+    assert ctl.propose([b], running=[a, b]) == [[62, 63, 64]]
+    # A aborts: its text leaves the live table (an aborted request's text is not kept for the corpus).
+    a.finish = FinishReason("abort", message="x")
+    ctl.on_finish(a)
+    assert ctl.propose([b], running=[b]) == [[]]
+    for r in (b, c):
+        r.finish = FinishReason("length", length=0)
+        ctl.on_finish(r)
+    ctl.check_integrity(idle=True)  # no index, no live table left
+    assert not ctl.proposer.live._maps
+
+
+def test_live_table_keeps_other_writers_when_one_leaves():
+    live = LiveNgrams()
+    a, b = NgramIndex(2, 3, live.table("t")), NgramIndex(2, 3, live.table("t"))
+    a.observe([1, 2, 3, 4])
+    b.observe([9, 1, 2, 5])  # [1, 2] -> now B's (latest writer)
+    asker = NgramIndex(2, 3, live.table("t"))
+    assert live.lookup("t", [0, 1, 2], 2, 4, asker) == [5]
+    live.remove("t", a)  # A's leaving does not drop B's entries
+    assert live.lookup("t", [0, 1, 2], 2, 4, asker) == [5]
+    assert live.lookup("t", [0, 1, 2], 2, 4, b) == []  # never a request's own entry from the live table
+    live.remove("t", b)
+    assert live.lookup("t", [0, 1, 2], 2, 4, asker) == []
+    live.remove("t", asker)
+    assert len(live) == 0

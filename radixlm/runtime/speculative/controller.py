@@ -4,7 +4,9 @@ Runs in the scheduler process. Per step: `propose` gives each decoding request i
 by max_new_tokens, the context, the grammar and the request's adaptive draft length); the scheduler turns
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
 (verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
-sequence to the cross-request n-gram corpus and drops the request's state.
+sequence to the cross-request n-gram corpus and drops the request's state. Every running request (also
+one still prefilling) is shown to the proposer first, so an n-gram proposal can continue the text of
+another request running now (ngram.LiveNgrams).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Protocol
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import NgramCorpus, NgramIndex, propose_ngram
+from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
 
 
 # A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
@@ -28,6 +30,9 @@ class Proposer(Protocol):
 
     def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
         """Per request (draft tokens, suffix match length; 0 where not an n-gram)."""
+
+    def observe(self, reqs: list[Req]) -> None:
+        """The running requests' tokens so far (before this step's proposals)."""
 
     def on_finish(self, req: Req) -> None: ...
 
@@ -63,19 +68,27 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
         self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
+        self.live = LiveNgrams()
         self._own: dict[str, NgramIndex] = {}
 
+    def _index(self, req: Req) -> NgramIndex:
+        own = self._own.get(req.rid)
+        if own is None:
+            own = self._own[req.rid] = NgramIndex(self.min_n, self.max_n, self.live.table(req.namespace))
+        return own
+
+    def observe(self, reqs: list[Req]) -> None:
+        for req in reqs:  # incremental: only tokens added since the last step are indexed
+            self._index(req).observe(req.full_ids())
+
     def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
-        drafts = []
-        for req, k in zip(reqs, ks):
-            own = self._own.get(req.rid)
-            if own is None:
-                own = self._own[req.rid] = NgramIndex(self.min_n, self.max_n)
-            drafts.append(propose_ngram(req.full_ids(), own, self.corpus, req.namespace, k))
-        return drafts
+        return [propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live)
+                for req, k in zip(reqs, ks)]
 
     def on_finish(self, req: Req) -> None:
-        self._own.pop(req.rid, None)
+        own = self._own.pop(req.rid, None)
+        if own is not None:
+            self.live.remove(req.namespace, own)
         if req.finish is not None and req.finish.type != "abort":
             self.corpus.add(req.namespace, req.full_ids())
 
@@ -84,6 +97,7 @@ class NgramProposer:
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._own, "n-gram indexes left while idle"
+        assert not idle or not len(self.live), "live n-gram tables left while idle"
 
 
 class SpecController:
@@ -95,8 +109,10 @@ class SpecController:
         self.stats = SpecStats()
         self._state: dict[str, AdaptiveState] = {}
 
-    def propose(self, reqs: list[Req]) -> list[list[int]]:
-        """Draft tokens per decoding request ([] = a plain decode row)."""
+    def propose(self, reqs: list[Req], running: list[Req] | None = None) -> list[list[int]]:
+        """Draft tokens per decoding request ([] = a plain decode row); running: every running request
+        (decoding or still prefilling), whose text proposals may continue."""
+        self.proposer.observe(running if running is not None else reqs)
         chosen, ks, paused = [], [], set()
         for req in reqs:
             k, active = self._budget(req)

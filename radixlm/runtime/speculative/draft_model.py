@@ -108,6 +108,9 @@ class DraftModelProposer:
         self._shadows[req.rid] = Shadow(sh)
         return True
 
+    def observe(self, reqs: list[Req]) -> None:
+        pass  # the draft sees a request's tokens when it drafts for it
+
     # ---- lifecycle --------------------------------------------------------------------------------
     def on_finish(self, req: Req) -> None:
         self._drop(req.rid, req)
