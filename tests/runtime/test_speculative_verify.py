@@ -58,6 +58,34 @@ def test_rejection_sampling_matches_filtered_distribution_for_an_unlikely_draft(
     assert_distribution(tokens, probs)
 
 
+def test_rejection_sampling_against_a_sampled_drafts_distribution():
+    """A draft drawn from q (not a point mass) and verified against q: the emitted tokens follow p, and a
+    draft is accepted with probability sum(min(p, q))."""
+    from radixlm.runtime.speculative.verify import draft_probs, sample_draft
+
+    logits = rand_logits(6, 1, 24, scale=1.0)
+    draft_logits = logits[0] + rand_logits(7, 1, 24, scale=1.0)[0]  # a draft close to, not equal to, the target
+    params = SamplingParams(temperature=0.8, top_k=10)
+    params.normalize()
+    q = draft_probs(draft_logits, params)
+    support = hf_support(logits, 0.8, 10, 1.0, 0.0)[0]
+    probs = torch.softmax((logits[0] / 0.8).masked_fill(~support, -math.inf), -1)
+    assert int((q > 0).sum()) == 10 and abs(float(q.sum()) - 1) < 1e-9
+    sampler = Sampler(24, frozenset({EOS}))
+    r = row(seed=11, temperature=0.8, top_k=10)
+    g = torch.Generator().manual_seed(12)
+    tokens, accepted, n = [], 0, 6000
+    for _ in range(n):
+        x = sample_draft(q, g)
+        tok, ok = verify_sampled(sampler, logits, r, None, x, q)
+        assert ok == (tok == x) or not ok
+        tokens.append(tok)
+        accepted += ok
+    assert_distribution(tokens, probs)
+    overlap = float(torch.minimum(probs.double(), q).sum())
+    assert abs(accepted / n - overlap) < 4 * math.sqrt(0.25 / n)
+
+
 def test_rejection_sampling_applies_penalties_first():
     logits = rand_logits(5, 1, 16, scale=1.0)
     output = [3, 3, 9]

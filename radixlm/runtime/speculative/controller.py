@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
+
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
@@ -28,8 +30,9 @@ STRONG_MATCH = 6
 class Proposer(Protocol):
     cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
-        """Per request (draft tokens, suffix match length; 0 where not an n-gram)."""
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int, torch.Tensor | None]]:
+        """Per request (draft tokens, suffix match length (0 where not an n-gram), the distributions [k, V]
+        the tokens were sampled from, or None for deterministic proposals)."""
 
     def observe(self, reqs: list[Req]) -> None:
         """The running requests' tokens so far (before this step's proposals)."""
@@ -81,8 +84,8 @@ class NgramProposer:
         for req in reqs:  # incremental: only tokens added since the last step are indexed
             self._index(req).observe(req.full_ids())
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
-        return [propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live)
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int, None]]:
+        return [(*propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live), None)
                 for req, k in zip(reqs, ks)]
 
     def on_finish(self, req: Req) -> None:
@@ -108,6 +111,7 @@ class SpecController:
         self.max_k = config.max_draft
         self.stats = SpecStats()
         self._state: dict[str, AdaptiveState] = {}
+        self._q: dict[str, torch.Tensor] = {}  # this step's sampled drafts' distributions (verify.py)
 
     def propose(self, reqs: list[Req], running: list[Req] | None = None) -> list[list[int]]:
         """Draft tokens per decoding request ([] = a plain decode row); running: every running request
@@ -122,15 +126,22 @@ class SpecController:
                 if not active:
                     paused.add(req.rid)
         drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks))) if chosen else {}
+        self._q.clear()
         out = []
         for req in reqs:
-            draft, match = drafts.get(req.rid, ([], 0))
+            draft, match, q = drafts.get(req.rid, ([], 0, None))
             if req.rid in paused and match < STRONG_MATCH:
                 draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
+            if draft and q is not None:
+                self._q[req.rid] = q[: len(draft)]
             out.append(draft)
         return out
+
+    def draft_q(self, req: Req) -> torch.Tensor | None:
+        """The distributions [k, V] req's draft of this step was sampled from (None: deterministic)."""
+        return self._q.pop(req.rid, None)
 
     def _budget(self, req: Req) -> tuple[int, bool]:
         """(draft length, whether speculation is active: not paused by the adaptive state)."""
@@ -157,6 +168,7 @@ class SpecController:
 
     def on_finish(self, req: Req) -> None:
         self._state.pop(req.rid, None)
+        self._q.pop(req.rid, None)
         self.proposer.on_finish(req)
 
     def flush(self) -> None:
@@ -164,6 +176,7 @@ class SpecController:
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._state, "adaptive states left while idle"
+        assert not idle or not self._q, "draft distributions left while idle"
         self.proposer.check_integrity(idle)
 
 
