@@ -6,7 +6,10 @@
 Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 different variants):
   (a) json:  extract the fields of a record as JSON after one example (few-shot completion, stops at the
              end of the line; the values are copied from the record),
-  (b) code:  a code edit that repeats most of a function given in the prompt,
+  (b) code:  a code edit that repeats most of a function given in the prompt (the assistant turn starts
+             with the code fence, as code-edit tools prefill it: without it SmolLM2-135M answers 12 of the
+             16 variants with a sentence and a new, short function that repeats little; `code-chat` is
+             that variant, kept for comparison),
   (c) chat:  a multi-turn chat whose last question asks to repeat an earlier answer with a change,
   (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
 Each side (speculation on, off) runs in its own worker process, loaded once. Per repeat the cache (and
@@ -88,7 +91,9 @@ def free_prompt(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Write a short original story about {topic} in {CITIES[i % 16]}."}]
 
 
-WORKLOADS = {"json": json_prompt, "code": code_prompt, "chat": chat_prompt, "free": free_prompt}
+WORKLOADS = {"json": json_prompt, "code": code_prompt, "chat": chat_prompt, "free": free_prompt,
+             "code-chat": code_prompt}
+ASSISTANT_PREFIX = {"code": "```python\n"}  # the start of the assistant's answer, after the chat template
 
 
 def run_worker(args) -> None:
@@ -96,7 +101,8 @@ def run_worker(args) -> None:
 
     spec = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
             "speculative_min_acceptance": args.min_acceptance,
-            "speculative_ngram_min_match": args.ngram_min_match} if args.side == "on" else {}
+            "speculative_ngram_min_match": args.ngram_min_match,
+            "speculative_max_batch_draft_tokens": args.batch_cap} if args.side == "on" else {}
     results = {}
     with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
         tok = eng.tokenizer
@@ -105,7 +111,7 @@ def run_worker(args) -> None:
             for batch in args.batches:
                 prompts = [make(i) if name == "json" else
                            tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
-                           for i in range(batch)]
+                           + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
                 params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
                 times, out = [], None
                 for _ in range(args.repeats):
@@ -182,9 +188,10 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="speculative_num_draft_tokens")
     ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
-    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", default=["json", "code", "chat", "free"], choices=list(WORKLOADS))
     ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
     ap.add_argument("--ngram-min-match", type=int, default=3, help="speculative_ngram_min_match")
+    ap.add_argument("--batch-cap", type=int, default=None, help="speculative_max_batch_draft_tokens")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--worker", dest="side", choices=["on", "off"])
     ap.add_argument("--forward-costs", action="store_true")
@@ -198,6 +205,8 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
                "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
                "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
+        if args.batch_cap:
+            cmd += ["--batch-cap", str(args.batch_cap)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         if args.model_path:
@@ -206,7 +215,8 @@ def main() -> None:
         if proc.returncode:
             sys.exit(proc.stderr[-3000:])
         sides[side] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"load: {os.getloadavg()}  threads={args.threads}  k={args.k}  new={args.new}  repeats={args.repeats}")
+    print(f"load: {os.getloadavg()}  threads={args.threads}  k={args.k}  new={args.new}  repeats={args.repeats}  "
+          f"min_match={args.ngram_min_match}  batch_cap={args.batch_cap}")
     print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'accept':>7s} {'tok/fwd':>8s} same")
     for key, off in sides["off"].items():
         on = sides["on"][key]

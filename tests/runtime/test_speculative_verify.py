@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, make_generator
@@ -231,3 +232,35 @@ def test_live_table_keeps_other_writers_when_one_leaves():
     assert live.lookup("t", [0, 1, 2], 2, 4, asker) == []
     live.remove("t", asker)
     assert len(live) == 0
+
+
+def test_short_matches_only_while_copying_and_only_from_own_text():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    a = _req("a", [5, 6, 7, 20, 21, 22, 23])  # the 1-gram [20] continues 21, 22, 23 in a's own prompt
+    other = _req("o", [30, 20, 40, 41, 42])  # ... and 40, 41, 42 in another running request's text
+    a.output_ids = [9, 20]
+    assert ctl.propose([a], running=[a, other]) == [[21, 22, 23]]  # a fresh request counts as copying
+    ctl._state["a"].acceptance = 0.2  # not copying (free text): a 1-token match is not enough
+    assert ctl.propose([a], running=[a, other]) == [[]]
+    b = _req("b", [5, 6, 7, 8])
+    b.output_ids = [20]
+    assert ctl.propose([b], running=[b, other]) == [[]]  # another request's text: min_match (3) only
+
+
+def test_batch_cap_gives_draft_tokens_to_the_best_accepted_requests():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
+                               speculative_max_batch_draft_tokens=6)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    reqs = [_req(f"r{i}", [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]) for i in range(3)]
+    assert ctl.propose(reqs) == [[4, 5, 6, 7], [4, 5], []]  # equal acceptance: batch order
+    ctl._state["r2"].acceptance = 0.9
+    assert ctl.propose(reqs) == [[4, 5], [], [4, 5, 6, 7]]
+    with pytest.raises(ValueError):
+        SpeculativeConfig(speculative_max_batch_draft_tokens=0)

@@ -25,14 +25,22 @@ from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramInde
 # A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
 # a long exact repeat (copied text) is strong evidence, and an n-gram lookup costs no forward.
 STRONG_MATCH = 6
+# While a request's drafts are being accepted (its acceptance average at least COPYING_ACCEPTANCE: it is
+# copying text, e.g. values from a record into JSON), a suffix match as short as COPYING_MIN_MATCH in its
+# own tokens is proposed: right after a copied value starts ('"name": "Alice' -> ' Johnson') only its last
+# token matches the source. Otherwise (free text) short matches are mostly wrong: speculative_ngram_min_match.
+COPYING_MIN_MATCH = 1
+COPYING_ACCEPTANCE = 0.5
 
 
 class Proposer(Protocol):
     cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int, torch.Tensor | None]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool]
+                ) -> list[tuple[list[int], int, torch.Tensor | None]]:
         """Per request (draft tokens, suffix match length (0 where not an n-gram), the distributions [k, V]
-        the tokens were sampled from, or None for deterministic proposals)."""
+        the tokens were sampled from, or None for deterministic proposals); copying: whether the request's
+        drafts are being accepted (an n-gram proposer then accepts a shorter match)."""
 
     def observe(self, reqs: list[Req]) -> None:
         """The running requests' tokens so far (before this step's proposals)."""
@@ -70,6 +78,7 @@ class NgramProposer:
 
     def __init__(self, config: SpeculativeConfig):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
+        self.short_n = min(self.min_n, COPYING_MIN_MATCH)
         self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
         self.live = LiveNgrams()
         self._own: dict[str, NgramIndex] = {}
@@ -77,16 +86,18 @@ class NgramProposer:
     def _index(self, req: Req) -> NgramIndex:
         own = self._own.get(req.rid)
         if own is None:
-            own = self._own[req.rid] = NgramIndex(self.min_n, self.max_n, self.live.table(req.namespace))
+            own = self._own[req.rid] = NgramIndex(self.short_n, self.max_n, self.live.table(req.namespace),
+                                                  self.min_n)
         return own
 
     def observe(self, reqs: list[Req]) -> None:
         for req in reqs:  # incremental: only tokens added since the last step are indexed
             self._index(req).observe(req.full_ids())
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int, None]]:
-        return [(*propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live), None)
-                for req, k in zip(reqs, ks)]
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool]) -> list[tuple[list[int], int, None]]:
+        return [(*propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live,
+                                self.short_n if copy else self.min_n), None)
+                for req, k, copy in zip(reqs, ks, copying)]
 
     def on_finish(self, req: Req) -> None:
         own = self._own.pop(req.rid, None)
@@ -117,26 +128,42 @@ class SpecController:
         """Draft tokens per decoding request ([] = a plain decode row); running: every running request
         (decoding or still prefilling), whose text proposals may continue."""
         self.proposer.observe(running if running is not None else reqs)
-        chosen, ks, paused = [], [], set()
+        chosen, ks, copying, paused = [], [], [], set()
         for req in reqs:
             k, active = self._budget(req)
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
+                copying.append(active and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
-        drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks))) if chosen else {}
+        drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks, copying))) if chosen else {}
         self._q.clear()
         out = []
         for req in reqs:
-            draft, match, q = drafts.get(req.rid, ([], 0, None))
+            draft, match, _ = drafts.get(req.rid, ([], 0, None))
             if req.rid in paused and match < STRONG_MATCH:
                 draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
+            out.append(draft)
+        if self.config.speculative_max_batch_draft_tokens is not None:
+            out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
+        for req, draft in zip(reqs, out):
+            q = drafts.get(req.rid, (None, None, None))[2]
             if draft and q is not None:
                 self._q[req.rid] = q[: len(draft)]
-            out.append(draft)
+        return out
+
+    def _cap(self, reqs: list[Req], drafts: list[list[int]], cap: int) -> list[list[int]]:
+        """At most `cap` draft tokens in the step: a batch of verify rows is compute-bound (each draft token
+        costs a token's forward), so the tokens go to the requests whose drafts are accepted most."""
+        order = sorted(range(len(reqs)), key=lambda i: -self._state[reqs[i].rid].acceptance)  # _budget made them
+        out = [list(d) for d in drafts]
+        left = cap
+        for i in order:
+            out[i] = out[i][: max(0, left)]
+            left -= len(out[i])
         return out
 
     def draft_q(self, req: Req) -> torch.Tensor | None:

@@ -23,8 +23,9 @@ class NgramIndex:
     """Suffix lookup over one growing token sequence. For each n in [min_n, max_n] and each n-gram that
     occurred (ending before the sequence's last token), the position right after its latest occurrence."""
 
-    def __init__(self, min_n: int, max_n: int, shared: dict | None = None):
+    def __init__(self, min_n: int, max_n: int, shared: dict | None = None, shared_min_n: int = 1):
         self.min_n, self.max_n = min_n, max_n
+        self.shared_min_n = shared_min_n  # shorter n-grams stay private (a weak match: own text only)
         self._ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the maps
         self.tokens: list[int] = []  # the sequence last indexed (other requests read continuations here)
@@ -38,7 +39,7 @@ class NgramIndex:
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 key = tuple(seq[end - n : end])
                 self._ends[n][key] = end
-                if shared is not None:
+                if shared is not None and n >= self.shared_min_n:
                     shared[key] = (self, end)
         self._indexed = max(self._indexed, len(seq))
 
@@ -136,15 +137,18 @@ class NgramCorpus:
 
 
 def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, namespace: str, k: int,
-                  live: LiveNgrams | None = None) -> tuple[list[int], int]:
-    """(up to k tokens continuing seq, the length of the suffix matched): the longest suffix match; at equal
-    length own tokens first, then other running requests', then the corpus; ([], 0) without a match."""
-    for n in range(own.max_n, own.min_n - 1, -1):
+                  live: LiveNgrams | None = None, min_n: int | None = None) -> tuple[list[int], int]:
+    """(up to k tokens continuing seq, the length of the suffix matched): the longest suffix match of at
+    least min_n tokens (default own.min_n); at equal length own tokens first, then other running
+    requests', then the corpus (those two only for n >= own.shared_min_n); ([], 0) without a match."""
+    for n in range(own.max_n, max(own.min_n, min_n or 0) - 1, -1):
         end = own.lookup(seq, n)
         if end is not None:
             cont = seq[end : end + k]
             if cont:
                 return cont, n
+        if n < own.shared_min_n:
+            continue
         if live is not None:
             cont = live.lookup(namespace, seq, n, k, own)
             if cont:
