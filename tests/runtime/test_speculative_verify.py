@@ -264,3 +264,23 @@ def test_batch_cap_gives_draft_tokens_to_the_best_accepted_requests():
     assert ctl.propose(reqs) == [[4, 5], [], [4, 5, 6, 7]]
     with pytest.raises(ValueError):
         SpeculativeConfig(speculative_max_batch_draft_tokens=0)
+
+
+def test_large_batch_needs_a_longer_match_unless_copying():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import LARGE_BATCH, NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    three = [_req(f"t{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(LARGE_BATCH)]  # a 3-gram repeat
+    assert ctl.propose(three[:1]) == [[9, 8]]
+    for r in three:
+        ctl._state.setdefault(r.rid, AdaptiveState(k=2)).acceptance = 0.3  # not copying
+    assert ctl.propose(three[:1]) == [[9, 8]]  # a small batch: min_match (3)
+    assert ctl.propose(three) == [[]] * LARGE_BATCH  # a large one: 4
+    four = _req("f", [1, 2, 3, 4, 9, 8, 1, 2, 3, 4])
+    ctl._state["f"] = AdaptiveState(k=2, acceptance=0.3)
+    assert ctl.propose(three[1:] + [four])[-1] == [9, 8]
+    for r in three:
+        ctl._state[r.rid].acceptance = 0.9  # copying: short matches again, whatever the batch
+    assert ctl.propose(three) == [[9, 8]] * LARGE_BATCH

@@ -31,12 +31,17 @@ STRONG_MATCH = 6
 # token matches the source. Otherwise (free text) short matches are mostly wrong: speculative_ngram_min_match.
 COPYING_MIN_MATCH = 1
 COPYING_ACCEPTANCE = 0.5
+# In a step with this many decoding rows the forward is compute-bound (each draft token costs about a
+# token's share of it), and a closed batch runs as long as its slowest request, so a request that is not
+# copying needs a match one token longer than speculative_ngram_min_match (measured: free text at batch 16
+# 0.95x -> 0.98x of plain decode; docs/benchmarks.md).
+LARGE_BATCH = 8
 
 
 class Proposer(Protocol):
     cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
 
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool]
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
                 ) -> list[tuple[list[int], int, torch.Tensor | None]]:
         """Per request (draft tokens, suffix match length (0 where not an n-gram), the distributions [k, V]
         the tokens were sampled from, or None for deterministic proposals); copying: whether the request's
@@ -94,9 +99,11 @@ class NgramProposer:
         for req in reqs:  # incremental: only tokens added since the last step are indexed
             self._index(req).observe(req.full_ids())
 
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool]) -> list[tuple[list[int], int, None]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
+                ) -> list[tuple[list[int], int, None]]:
+        weak = min(self.min_n + large_batch, self.max_n)  # the shortest match for a request not copying
         return [(*propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live,
-                                self.short_n if copy else self.min_n), None)
+                                self.short_n if copy else weak), None)
                 for req, k, copy in zip(reqs, ks, copying)]
 
     def on_finish(self, req: Req) -> None:
@@ -137,7 +144,9 @@ class SpecController:
                 copying.append(active and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
-        drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks, copying))) if chosen else {}
+        large = len(reqs) >= LARGE_BATCH
+        proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
+        drafts = dict(zip((r.rid for r in chosen), proposals))
         self._q.clear()
         out = []
         for req in reqs:
