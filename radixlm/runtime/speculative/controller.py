@@ -34,7 +34,7 @@ COPYING_ACCEPTANCE = 0.5
 # In a step with this many decoding rows the forward is compute-bound (each draft token costs about a
 # token's share of it), and a closed batch runs as long as its slowest request, so a request that is not
 # copying needs a match one token longer than speculative_ngram_min_match (measured: free text at batch 16
-# 0.95x -> 0.98x of plain decode; docs/benchmarks.md).
+# 0.95x -> 0.97-0.98x of plain decode; docs/benchmarks.md, run 4).
 LARGE_BATCH = 8
 
 
@@ -45,7 +45,8 @@ class Proposer(Protocol):
                 ) -> list[tuple[list[int], int, torch.Tensor | None]]:
         """Per request (draft tokens, suffix match length (0 where not an n-gram), the distributions [k, V]
         the tokens were sampled from, or None for deterministic proposals); copying: whether the request's
-        drafts are being accepted (an n-gram proposer then accepts a shorter match)."""
+        drafts are being accepted (an n-gram proposer then accepts a shorter match); large_batch: the step
+        has LARGE_BATCH+ decoding rows (an n-gram proposer then wants a longer match from the others)."""
 
     def observe(self, reqs: list[Req]) -> None:
         """The running requests' tokens so far (before this step's proposals)."""
