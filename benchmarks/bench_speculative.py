@@ -6,10 +6,15 @@
 Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 different variants):
   (a) json:  extract the fields of a record as JSON after one example (few-shot completion, stops at the
              end of the line; the values are copied from the record),
-  (b) code:  a code edit that repeats most of a function given in the prompt,
+  (b) code:  a code edit that repeats most of a function given in the prompt (the assistant turn starts
+             with the code fence, as code-edit tools prefill it: without it SmolLM2-135M answers 12 of the
+             16 variants with a sentence and a new, short function that repeats little; `code-chat` is
+             that variant, kept for comparison),
   (c) chat:  a multi-turn chat whose last question asks to repeat an earlier answer with a change,
   (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
-Each side (speculation on, off) runs in its own worker process, loaded once. Per repeat the cache (and
+Each side (speculation on, off) runs in its own worker process, loaded once; with --rounds N the pair of
+workers runs N times, alternating, and the median of the per-round ratios is reported with their range
+(on a shared machine load drifts between the two sides of one round). Per repeat the cache (and
 the n-gram corpus) is flushed, the prompts are prefilled (max_new_tokens=1, so decode is what is timed),
 then the batch is generated; the median over repeats is reported. Output ids of both sides are compared
 (greedy speculation is exact: they must be identical).
@@ -88,7 +93,9 @@ def free_prompt(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Write a short original story about {topic} in {CITIES[i % 16]}."}]
 
 
-WORKLOADS = {"json": json_prompt, "code": code_prompt, "chat": chat_prompt, "free": free_prompt}
+WORKLOADS = {"json": json_prompt, "code": code_prompt, "chat": chat_prompt, "free": free_prompt,
+             "code-chat": code_prompt}
+ASSISTANT_PREFIX = {"code": "```python\n"}  # the start of the assistant's answer, after the chat template
 
 
 def run_worker(args) -> None:
@@ -96,7 +103,8 @@ def run_worker(args) -> None:
 
     spec = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
             "speculative_min_acceptance": args.min_acceptance,
-            "speculative_ngram_min_match": args.ngram_min_match} if args.side == "on" else {}
+            "speculative_ngram_min_match": args.ngram_min_match,
+            "speculative_max_batch_draft_tokens": args.batch_cap} if args.side == "on" else {}
     results = {}
     with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
         tok = eng.tokenizer
@@ -105,7 +113,7 @@ def run_worker(args) -> None:
             for batch in args.batches:
                 prompts = [make(i) if name == "json" else
                            tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
-                           for i in range(batch)]
+                           + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
                 params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
                 times, out = [], None
                 for _ in range(args.repeats):
@@ -182,10 +190,12 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="speculative_num_draft_tokens")
     ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
-    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", default=["json", "code", "chat", "free"], choices=list(WORKLOADS))
     ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
     ap.add_argument("--ngram-min-match", type=int, default=3, help="speculative_ngram_min_match")
+    ap.add_argument("--batch-cap", type=int, default=None, help="speculative_max_batch_draft_tokens")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--rounds", type=int, default=1, help="off/on worker pairs, alternating (median ratio of rounds)")
     ap.add_argument("--worker", dest="side", choices=["on", "off"])
     ap.add_argument("--forward-costs", action="store_true")
     args = ap.parse_args()
@@ -193,27 +203,41 @@ def main() -> None:
         return forward_costs(args)
     if args.side:
         return run_worker(args)
-    sides = {}
-    for side in ("off", "on"):
-        cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
-               "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
-               "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        if args.model_path:
-            cmd += ["--model-path", args.model_path]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
-        if proc.returncode:
-            sys.exit(proc.stderr[-3000:])
-        sides[side] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"load: {os.getloadavg()}  threads={args.threads}  k={args.k}  new={args.new}  repeats={args.repeats}")
-    print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'accept':>7s} {'tok/fwd':>8s} same")
-    for key, off in sides["off"].items():
-        on = sides["on"][key]
-        acc = "-" if on["acceptance"] is None else f"{100 * on['acceptance']:.0f}%"
-        same = on["output_ids"] == off["output_ids"]
-        print(f"{key:10s} {off['tok_s']:10.1f} {on['tok_s']:10.1f} {on['tok_s'] / off['tok_s']:6.2f} {acc:>7s} "
-              f"{on['tokens_per_forward']:8.2f} {same}")
+    loads = [os.getloadavg()[0]]
+    rounds = []  # per round: {side: results}; the sides alternate, so load drift hits both alike
+    for _ in range(args.rounds):
+        rounds.append({side: _run_side(args, side) for side in ("off", "on")})
+        loads.append(os.getloadavg()[0])
+    print(f"load (1-min, per round): {' '.join(f'{x:.1f}' for x in loads)}  threads={args.threads}  k={args.k}  "
+          f"new={args.new}  repeats={args.repeats}  rounds={args.rounds}  min_match={args.ngram_min_match}  "
+          f"batch_cap={args.batch_cap}")
+    print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'accept':>7s} "
+          f"{'tok/fwd':>8s} same")
+    for key in rounds[0]["off"]:
+        off = [r["off"][key] for r in rounds]
+        on = [r["on"][key] for r in rounds]
+        ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(off, on)]
+        acc = "-" if on[0]["acceptance"] is None else f"{100 * on[0]['acceptance']:.0f}%"
+        same = all(a["output_ids"] == b["output_ids"] for a, b in zip(off, on))
+        print(f"{key:10s} {statistics.median(a['tok_s'] for a in off):10.1f} "
+              f"{statistics.median(b['tok_s'] for b in on):10.1f} {statistics.median(ratios):6.2f} "
+              f"{min(ratios):5.2f}-{max(ratios):4.2f} {acc:>7s} {on[0]['tokens_per_forward']:8.2f} {same}")
+
+
+def _run_side(args, side: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
+           "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
+           "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
+    if args.batch_cap:
+        cmd += ["--batch-cap", str(args.batch_cap)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.model_path:
+        cmd += ["--model-path", args.model_path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+    if proc.returncode:
+        sys.exit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -83,6 +83,9 @@ class SpeculativeConfig:
     speculative_ngram_min_match: int = 3
     # Adaptive: a request whose acceptance rate falls below this turns its draft length down, then off.
     speculative_min_acceptance: float = 0.25
+    # Most draft tokens verified in one step over the whole batch (None: no cap); the requests whose
+    # drafts are accepted most get them first (a batch of verify rows is compute-bound).
+    speculative_max_batch_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         algo = self.speculative_algorithm
@@ -94,6 +97,8 @@ class SpeculativeConfig:
             raise ValueError("speculative_num_draft_tokens must be in [1, 64]")
         if self.speculative_num_steps is not None and self.speculative_num_steps < 1:
             raise ValueError("speculative_num_steps must be >= 1")
+        if self.speculative_max_batch_draft_tokens is not None and self.speculative_max_batch_draft_tokens < 1:
+            raise ValueError("speculative_max_batch_draft_tokens must be >= 1")
         if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
             raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
 

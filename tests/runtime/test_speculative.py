@@ -140,3 +140,18 @@ def test_status_line_server_info_and_metrics_report_acceptance(spec):
     accepted = sum(r["meta_info"]["spec_accepted_tokens"] for r in results)
     assert f"radixlm_spec_proposed_tokens_total {float(proposed)}" in text
     assert f"radixlm_spec_acceptance_rate {accepted / proposed}" in text
+
+
+def test_drafts_continue_another_running_requests_prompt(tiny_llama_dir, plain):
+    """B's prompt has no repeated token, the corpus is empty (fresh engine), and B's suffix after its first
+    token occurs only in A's prompt: B's drafts can only come from A, which is running at the same time."""
+    b_prompt = list(range(100, 120))
+    params = {"max_new_tokens": 8, "temperature": 0}
+    first = plain.generate(input_ids=b_prompt, sampling_params=params)["output_ids"]
+    a_prompt = list(range(200, 230)) + b_prompt[-3:] + first[:1] + list(range(300, 310))
+    want = ids(plain.generate(input_ids=[a_prompt, b_prompt], sampling_params=params))
+    with Engine(str(tiny_llama_dir), max_total_tokens=4096, **SPEC) as eng:
+        out = eng.generate(input_ids=[a_prompt, b_prompt], sampling_params=params)
+        assert ids(out) == want
+        assert out[1]["meta_info"].get("spec_proposed_tokens", 0) > 0
+        eng.check_integrity()

@@ -32,7 +32,8 @@ def standalone(target, draft, **kw):
 def test_random_draft_is_exact_and_leaks_nothing(tiny_llama_dir, other_draft, want):
     with standalone(tiny_llama_dir, other_draft) as eng:
         assert [r["output_ids"] for r in eng.generate(PROMPTS, GREEDY)] == want["greedy"]
-        sampled = eng.generate(PROMPTS, {"max_new_tokens": 16, "temperature": 0.9, "sampling_seed": 3})
+        sampled = eng.generate(PROMPTS, {"max_new_tokens": 16, "temperature": 0.9, "sampling_seed": 3,
+                                          "ignore_eos": True})
         assert all(len(r["output_ids"]) == 16 for r in sampled)
         eng.check_integrity()  # target and draft pools, idle
 
@@ -44,6 +45,19 @@ def test_self_draft_accepts_everything(tiny_llama_dir, want):
         stats = eng.scheduler.spec.stats
         assert stats.num_proposed > 0 and stats.num_accepted >= 0.95 * stats.num_proposed
         assert eng.scheduler.num_forward_steps < 24  # ~24 / (1 + 4) verify steps per request, batched
+        eng.check_integrity()
+
+
+def test_self_draft_sampled_accepts_almost_everything(tiny_llama_dir):
+    """Sampled requests: the draft samples from its own distribution, which equals the target's (the same
+    model, no penalties), so rejection sampling against q accepts ~everything (the argmax alone would be
+    accepted with probability p(argmax) only)."""
+    params = {"max_new_tokens": 24, "temperature": 1.0, "top_p": 0.95, "sampling_seed": 4, "ignore_eos": True}
+    with standalone(tiny_llama_dir, tiny_llama_dir) as eng:
+        out = eng.generate(PROMPTS * 2, params)
+        assert all(len(r["output_ids"]) == 24 for r in out)
+        stats = eng.scheduler.spec.stats
+        assert stats.num_proposed > 0 and stats.num_accepted >= 0.9 * stats.num_proposed
         eng.check_integrity()
 
 

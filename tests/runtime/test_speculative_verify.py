@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, make_generator
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import NgramCorpus, NgramIndex, propose_ngram
+from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
 from radixlm.runtime.speculative.verify import verify_sampled
 from radixlm.sampling_params import SamplingParams
 
@@ -56,6 +57,34 @@ def test_rejection_sampling_matches_filtered_distribution_for_an_unlikely_draft(
     inside = int(torch.nonzero(support)[-1])  # the least likely kept token
     tokens, _ = emitted(logits, inside, 4000, temperature=0.9, top_k=12, top_p=0.8, min_p=0.05)
     assert_distribution(tokens, probs)
+
+
+def test_rejection_sampling_against_a_sampled_drafts_distribution():
+    """A draft drawn from q (not a point mass) and verified against q: the emitted tokens follow p, and a
+    draft is accepted with probability sum(min(p, q))."""
+    from radixlm.runtime.speculative.verify import draft_probs, sample_draft
+
+    logits = rand_logits(6, 1, 24, scale=1.0)
+    draft_logits = logits[0] + rand_logits(7, 1, 24, scale=1.0)[0]  # a draft close to, not equal to, the target
+    params = SamplingParams(temperature=0.8, top_k=10)
+    params.normalize()
+    q = draft_probs(draft_logits, params)
+    support = hf_support(logits, 0.8, 10, 1.0, 0.0)[0]
+    probs = torch.softmax((logits[0] / 0.8).masked_fill(~support, -math.inf), -1)
+    assert int((q > 0).sum()) == 10 and abs(float(q.sum()) - 1) < 1e-9
+    sampler = Sampler(24, frozenset({EOS}))
+    r = row(seed=11, temperature=0.8, top_k=10)
+    g = torch.Generator().manual_seed(12)
+    tokens, accepted, n = [], 0, 6000
+    for _ in range(n):
+        x = sample_draft(q, g)
+        tok, ok = verify_sampled(sampler, logits, r, None, x, q)
+        assert ok == (tok == x) or not ok
+        tokens.append(tok)
+        accepted += ok
+    assert_distribution(tokens, probs)
+    overlap = float(torch.minimum(probs.double(), q).sum())
+    assert abs(accepted / n - overlap) < 4 * math.sqrt(0.25 / n)
 
 
 def test_rejection_sampling_applies_penalties_first():
@@ -150,3 +179,108 @@ def test_dp_ranks_merge_speculative_rates_from_the_sums():
 
     merged = _merge([rank(2, 8, 4, 3.0), rank(2, 8, 8, 5.0)])["speculative"]
     assert merged["spec_acceptance_rate"] == 0.75 and merged["spec_tokens_per_verify_row"] == 4.0
+
+
+def _req(rid, ids, namespace="", max_new=16):
+    from radixlm.runtime.scheduler.request import Req
+
+    params = SamplingParams(max_new_tokens=max_new, temperature=0)
+    params.normalize()
+    return Req(rid=rid, input_ids=list(ids), params=params, namespace=namespace)
+
+
+
+def test_running_requests_text_is_proposed_within_its_namespace_only():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.messages import FinishReason
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    # A (running, still prefilling: not decoding) holds a few-shot line; B's suffix [40, 41, 42] occurs
+    # only in A's prompt, so B's draft can only come from A's text. C, another tenant, has the same suffix.
+    a = _req("a", [1, 2, 3, 40, 41, 42, 50, 51, 52, 53, 54])
+    b = _req("b", [7, 8, 9, 40, 41, 42])
+    c = _req("c", [7, 8, 9, 40, 41, 42], namespace="other")
+    assert ctl.propose([b, c], running=[a, b, c]) == [[50, 51, 52, 53], []]
+    # What a running request generates is visible too, as it grows (incrementally indexed).
+    a.output_ids += [60, 61, 62, 63, 64]
+    b.output_ids += [50, 51, 52, 53, 54, 60, 61]
+    assert ctl.propose([b], running=[a, b]) == [[62, 63, 64]]
+    # A aborts: its text leaves the live table (an aborted request's text is not kept for the corpus).
+    a.finish = FinishReason("abort", message="x")
+    ctl.on_finish(a)
+    assert ctl.propose([b], running=[b]) == [[]]
+    for r in (b, c):
+        r.finish = FinishReason("length", length=0)
+        ctl.on_finish(r)
+    ctl.check_integrity(idle=True)  # no index, no live table left
+    assert not ctl.proposer.live._maps
+
+
+def test_live_table_keeps_other_writers_when_one_leaves():
+    live = LiveNgrams()
+    a, b = NgramIndex(2, 3, live.table("t")), NgramIndex(2, 3, live.table("t"))
+    a.observe([1, 2, 3, 4])
+    b.observe([9, 1, 2, 5])  # [1, 2] -> now B's (latest writer)
+    asker = NgramIndex(2, 3, live.table("t"))
+    assert live.lookup("t", [0, 1, 2], 2, 4, asker) == [5]
+    live.remove("t", a)  # A's leaving does not drop B's entries
+    assert live.lookup("t", [0, 1, 2], 2, 4, asker) == [5]
+    assert live.lookup("t", [0, 1, 2], 2, 4, b) == []  # never a request's own entry from the live table
+    live.remove("t", b)
+    assert live.lookup("t", [0, 1, 2], 2, 4, asker) == []
+    live.remove("t", asker)
+    assert len(live) == 0
+
+
+def test_short_matches_only_while_copying_and_only_from_own_text():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    a = _req("a", [5, 6, 7, 20, 21, 22, 23])  # the 1-gram [20] continues 21, 22, 23 in a's own prompt
+    other = _req("o", [30, 20, 40, 41, 42])  # ... and 40, 41, 42 in another running request's text
+    a.output_ids = [9, 20]
+    assert ctl.propose([a], running=[a, other]) == [[21, 22, 23]]  # a fresh request counts as copying
+    ctl._state["a"].acceptance = 0.2  # not copying (free text): a 1-token match is not enough
+    assert ctl.propose([a], running=[a, other]) == [[]]
+    b = _req("b", [5, 6, 7, 8])
+    b.output_ids = [20]
+    assert ctl.propose([b], running=[b, other]) == [[]]  # another request's text: min_match (3) only
+
+
+def test_batch_cap_gives_draft_tokens_to_the_best_accepted_requests():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
+                               speculative_max_batch_draft_tokens=6)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    reqs = [_req(f"r{i}", [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]) for i in range(3)]
+    assert ctl.propose(reqs) == [[4, 5, 6, 7], [4, 5], []]  # equal acceptance: batch order
+    ctl._state["r2"].acceptance = 0.9
+    assert ctl.propose(reqs) == [[4, 5], [], [4, 5, 6, 7]]
+    with pytest.raises(ValueError):
+        SpeculativeConfig(speculative_max_batch_draft_tokens=0)
+
+
+def test_large_batch_needs_a_longer_match_unless_copying():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import LARGE_BATCH, NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    three = [_req(f"t{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(LARGE_BATCH)]  # a 3-gram repeat
+    assert ctl.propose(three[:1]) == [[9, 8]]
+    for r in three:
+        ctl._state.setdefault(r.rid, AdaptiveState(k=2)).acceptance = 0.3  # not copying
+    assert ctl.propose(three[:1]) == [[9, 8]]  # a small batch: min_match (3)
+    assert ctl.propose(three) == [[]] * LARGE_BATCH  # a large one: 4
+    four = _req("f", [1, 2, 3, 4, 9, 8, 1, 2, 3, 4])
+    ctl._state["f"] = AdaptiveState(k=2, acceptance=0.3)
+    assert ctl.propose(three[1:] + [four])[-1] == [9, 8]
+    for r in three:
+        ctl._state[r.rid].acceptance = 0.9  # copying: short matches again, whatever the batch
+    assert ctl.propose(three) == [[9, 8]] * LARGE_BATCH

@@ -120,6 +120,7 @@ class OutputProcessor:
         sent = len(req.output_ids)
         base = req.kv_len - len(draft)  # K/V positions < base are valid: the sequence before the draft
         batched = None
+        qs = self.spec.draft_q(req)  # a sampled draft's distributions, or None (a deterministic proposal)
         if _greedy_unprocessed(req):  # the common case in one argmax: the Sampler's own greedy choice
             batched = self.sampler(logits, [self._sampling_row(req)] * logits.shape[0])
         accepted = 0
@@ -130,7 +131,8 @@ class OutputProcessor:
                 tok, value = batched.token_ids[j], batched.logprobs[j]
                 ok = tok == want
             else:
-                tok, ok = self._verify_position(req, row_logits, want)
+                q = qs[j] if qs is not None and want is not None else None
+                tok, ok = self._verify_position(req, row_logits, want, q)
                 value = None
             req.output_ids.append(tok)
             if req.logprob.return_logprob:
@@ -148,7 +150,8 @@ class OutputProcessor:
             valid = min(valid, self._jump_forward(req))
         return req.output_ids[valid:], sent - valid
 
-    def _verify_position(self, req: Req, logits: torch.Tensor, draft: int | None) -> tuple[int, bool]:
+    def _verify_position(self, req: Req, logits: torch.Tensor, draft: int | None, q: torch.Tensor | None = None
+                         ) -> tuple[int, bool]:
         row = self._sampling_row(req)
         mask = None
         if req.grammar is not None:
@@ -156,7 +159,7 @@ class OutputProcessor:
         if draft is None or req.params.is_greedy:
             tok = self.sampler(logits, [row], mask).token_ids[0]
             return tok, tok == draft
-        return verify_sampled(self.sampler, logits, row, mask, draft)
+        return verify_sampled(self.sampler, logits, row, mask, draft, q)
 
     def _sampling_row(self, req: Req) -> SamplingRow:
         return SamplingRow(req.params, req.input_ids, req.output_ids, req.generator,

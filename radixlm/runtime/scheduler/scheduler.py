@@ -164,7 +164,7 @@ class Scheduler:
         rows = [PlannedRow(r, r.kv_len - 1, 1) for r in decode]
         if self.spec is None or not decode:
             return rows
-        for row, draft in zip(rows, self.spec.propose(decode)):
+        for row, draft in zip(rows, self.spec.propose(decode, self.running)):
             if draft and self.kv.allocator.num_free() >= len(draft) and self.kv.extend(row.req, len(draft)):
                 row.num_new += len(draft)
                 row.draft = draft

@@ -4,7 +4,9 @@ Runs in the scheduler process. Per step: `propose` gives each decoding request i
 by max_new_tokens, the context, the grammar and the request's adaptive draft length); the scheduler turns
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
 (verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
-sequence to the cross-request n-gram corpus and drops the request's state.
+sequence to the cross-request n-gram corpus and drops the request's state. Every running request (also
+one still prefilling) is shown to the proposer first, so an n-gram proposal can continue the text of
+another request running now (ngram.LiveNgrams).
 """
 
 from __future__ import annotations
@@ -12,22 +14,42 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
+
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import NgramCorpus, NgramIndex, propose_ngram
+from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
 
 
 # A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
 # a long exact repeat (copied text) is strong evidence, and an n-gram lookup costs no forward.
 STRONG_MATCH = 6
+# While a request's drafts are being accepted (its acceptance average at least COPYING_ACCEPTANCE: it is
+# copying text, e.g. values from a record into JSON), a suffix match as short as COPYING_MIN_MATCH in its
+# own tokens is proposed: right after a copied value starts ('"name": "Alice' -> ' Johnson') only its last
+# token matches the source. Otherwise (free text) short matches are mostly wrong: speculative_ngram_min_match.
+COPYING_MIN_MATCH = 1
+COPYING_ACCEPTANCE = 0.5
+# In a step with this many decoding rows the forward is compute-bound (each draft token costs about a
+# token's share of it), and a closed batch runs as long as its slowest request, so a request that is not
+# copying needs a match one token longer than speculative_ngram_min_match (measured: free text at batch 16
+# 0.95x -> 0.97-0.98x of plain decode; docs/benchmarks.md, run 4).
+LARGE_BATCH = 8
 
 
 class Proposer(Protocol):
     cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
-        """Per request (draft tokens, suffix match length; 0 where not an n-gram)."""
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
+                ) -> list[tuple[list[int], int, torch.Tensor | None]]:
+        """Per request (draft tokens, suffix match length (0 where not an n-gram), the distributions [k, V]
+        the tokens were sampled from, or None for deterministic proposals); copying: whether the request's
+        drafts are being accepted (an n-gram proposer then accepts a shorter match); large_batch: the step
+        has LARGE_BATCH+ decoding rows (an n-gram proposer then wants a longer match from the others)."""
+
+    def observe(self, reqs: list[Req]) -> None:
+        """The running requests' tokens so far (before this step's proposals)."""
 
     def on_finish(self, req: Req) -> None: ...
 
@@ -62,20 +84,33 @@ class NgramProposer:
 
     def __init__(self, config: SpeculativeConfig):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
+        self.short_n = min(self.min_n, COPYING_MIN_MATCH)
         self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
+        self.live = LiveNgrams()
         self._own: dict[str, NgramIndex] = {}
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
-        drafts = []
-        for req, k in zip(reqs, ks):
-            own = self._own.get(req.rid)
-            if own is None:
-                own = self._own[req.rid] = NgramIndex(self.min_n, self.max_n)
-            drafts.append(propose_ngram(req.full_ids(), own, self.corpus, req.namespace, k))
-        return drafts
+    def _index(self, req: Req) -> NgramIndex:
+        own = self._own.get(req.rid)
+        if own is None:
+            own = self._own[req.rid] = NgramIndex(self.short_n, self.max_n, self.live.table(req.namespace),
+                                                  self.min_n)
+        return own
+
+    def observe(self, reqs: list[Req]) -> None:
+        for req in reqs:  # incremental: only tokens added since the last step are indexed
+            self._index(req).observe(req.full_ids())
+
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
+                ) -> list[tuple[list[int], int, None]]:
+        weak = min(self.min_n + large_batch, self.max_n)  # the shortest match for a request not copying
+        return [(*propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live,
+                                self.short_n if copy else weak), None)
+                for req, k, copy in zip(reqs, ks, copying)]
 
     def on_finish(self, req: Req) -> None:
-        self._own.pop(req.rid, None)
+        own = self._own.pop(req.rid, None)
+        if own is not None:
+            self.live.remove(req.namespace, own)
         if req.finish is not None and req.finish.type != "abort":
             self.corpus.add(req.namespace, req.full_ids())
 
@@ -84,6 +119,7 @@ class NgramProposer:
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._own, "n-gram indexes left while idle"
+        assert not idle or not len(self.live), "live n-gram tables left while idle"
 
 
 class SpecController:
@@ -94,27 +130,55 @@ class SpecController:
         self.max_k = config.max_draft
         self.stats = SpecStats()
         self._state: dict[str, AdaptiveState] = {}
+        self._q: dict[str, torch.Tensor] = {}  # this step's sampled drafts' distributions (verify.py)
 
-    def propose(self, reqs: list[Req]) -> list[list[int]]:
-        """Draft tokens per decoding request ([] = a plain decode row)."""
-        chosen, ks, paused = [], [], set()
+    def propose(self, reqs: list[Req], running: list[Req] | None = None) -> list[list[int]]:
+        """Draft tokens per decoding request ([] = a plain decode row); running: every running request
+        (decoding or still prefilling), whose text proposals may continue."""
+        self.proposer.observe(running if running is not None else reqs)
+        chosen, ks, copying, paused = [], [], [], set()
         for req in reqs:
             k, active = self._budget(req)
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
+                copying.append(active and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
-        drafts = dict(zip((r.rid for r in chosen), self.proposer.propose(chosen, ks))) if chosen else {}
+        large = len(reqs) >= LARGE_BATCH
+        proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
+        drafts = dict(zip((r.rid for r in chosen), proposals))
+        self._q.clear()
         out = []
         for req in reqs:
-            draft, match = drafts.get(req.rid, ([], 0))
+            draft, match, _ = drafts.get(req.rid, ([], 0, None))
             if req.rid in paused and match < STRONG_MATCH:
                 draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
             out.append(draft)
+        if self.config.speculative_max_batch_draft_tokens is not None:
+            out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
+        for req, draft in zip(reqs, out):
+            q = drafts.get(req.rid, (None, None, None))[2]
+            if draft and q is not None:
+                self._q[req.rid] = q[: len(draft)]
         return out
+
+    def _cap(self, reqs: list[Req], drafts: list[list[int]], cap: int) -> list[list[int]]:
+        """At most `cap` draft tokens in the step: a batch of verify rows is compute-bound (each draft token
+        costs a token's forward), so the tokens go to the requests whose drafts are accepted most."""
+        order = sorted(range(len(reqs)), key=lambda i: -self._state[reqs[i].rid].acceptance)  # _budget made them
+        out = [list(d) for d in drafts]
+        left = cap
+        for i in order:
+            out[i] = out[i][: max(0, left)]
+            left -= len(out[i])
+        return out
+
+    def draft_q(self, req: Req) -> torch.Tensor | None:
+        """The distributions [k, V] req's draft of this step was sampled from (None: deterministic)."""
+        return self._q.pop(req.rid, None)
 
     def _budget(self, req: Req) -> tuple[int, bool]:
         """(draft length, whether speculation is active: not paused by the adaptive state)."""
@@ -141,6 +205,7 @@ class SpecController:
 
     def on_finish(self, req: Req) -> None:
         self._state.pop(req.rid, None)
+        self._q.pop(req.rid, None)
         self.proposer.on_finish(req)
 
     def flush(self) -> None:
@@ -148,6 +213,7 @@ class SpecController:
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._state, "adaptive states left while idle"
+        assert not idle or not self._q, "draft distributions left while idle"
         self.proposer.check_integrity(idle)
 
 

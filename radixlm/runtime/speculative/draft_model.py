@@ -4,10 +4,12 @@ Runs in the scheduler process. The draft has its own ModelRunner, KV pool, reque
 (a KVCacheManager of its own), so it shares nothing with the target's slots. Each target request has a
 shadow Req in the draft's pool; per step the shadows of the requests to draft for run up to k batched
 draft forwards (the first catches the shadow up with the target's sequence, each later one decodes the
-previous draft token); the draft's argmax is the proposal (a point mass, so verification stays exact,
-verify.py). Rollback: the next proposal compares the token ids the shadow's K/V were computed for with
-the target's sequence and truncates the shadow to their common prefix, so rejected drafts' draft K/V are
-freed and accepted ones are kept. A finished request's shadow goes into the draft's radix tree.
+previous draft token). For a greedy request the proposal is the draft's argmax (a point mass); for a
+sampled one the draft samples from its own distribution q at the request's temperature / top-k / top-p /
+min-p, and verification does rejection sampling against q (verify.py), so both stay exact. Rollback: the
+next proposal compares the token ids the shadow's K/V were computed for with the target's sequence and
+truncates the shadow to their common prefix, so rejected drafts' draft K/V are freed and accepted ones
+are kept. A finished request's shadow goes into the draft's radix tree.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from radixlm.runtime.scheduler.batch import build_forward_batch
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable, TokenAllocator
 from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.speculative.verify import draft_probs, sample_draft
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +60,10 @@ class DraftModelProposer:
         self._shadows: dict[str, Shadow] = {}
 
     # ---- proposals --------------------------------------------------------------------------------
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[tuple[list[int], int]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool] | None = None, large_batch: bool = False
+                ) -> list[tuple[list[int], int, torch.Tensor | None]]:
         drafts: list[list[int]] = [[] for _ in reqs]
+        qs: list[list[torch.Tensor]] = [[] for _ in reqs]
         live = [i for i, req in enumerate(reqs) if self._sync(req)]
         for step in range(max(ks, default=0)):
             live = [i for i in live if len(drafts[i]) < ks[i]]
@@ -69,15 +74,19 @@ class DraftModelProposer:
                 break
             batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
             last = torch.tensor([batch.token_index(j, row.end - 1) for j, row in enumerate(rows)])
-            logits = self.runner.forward(batch, last)
-            for i, tok in zip(live, argmax_rows(logits[:, : self.vocab].float()).tolist()):
+            logits = self.runner.forward(batch, last)[:, : self.vocab].float()
+            for j, (i, tok) in enumerate(zip(live, argmax_rows(logits).tolist())):
+                params = reqs[i].params
+                if not params.is_greedy:  # sample from q (verify.py's rejection sampling needs q)
+                    qs[i].append(draft_probs(logits[j], params))
+                    tok = sample_draft(qs[i][-1], reqs[i].generator)
                 drafts[i].append(int(tok))
         for i, req in enumerate(reqs):
             shadow = self._shadows.get(req.rid)
             if shadow is not None:
                 shadow.kv_ids = shadow.req.full_ids()[: shadow.req.kv_len]
                 shadow.req.output_ids = req.output_ids[:]  # the drafts are not part of the sequence
-        return [(draft, 0) for draft in drafts]
+        return [(draft, 0, torch.stack(q) if q else None) for draft, q in zip(drafts, qs)]
 
     def _rows(self, reqs: list[Req], live: list[int], drafts: list[list[int]], step: int) -> list[PlannedRow | None]:
         rows: list[PlannedRow | None] = []
@@ -107,6 +116,9 @@ class DraftModelProposer:
             return False
         self._shadows[req.rid] = Shadow(sh)
         return True
+
+    def observe(self, reqs: list[Req]) -> None:
+        pass  # the draft sees a request's tokens when it drafts for it
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def on_finish(self, req: Req) -> None:

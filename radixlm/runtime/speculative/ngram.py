@@ -1,11 +1,16 @@
 """N-gram proposals (prompt lookup): continue the longest suffix of a sequence that occurred before.
 
-Runs in the scheduler process. Two sources, longest match first:
+Runs in the scheduler process. Three sources, longest match first (at equal length in this order):
   - NgramIndex: the request's own tokens (prompt + output), indexed incrementally (each new token adds
     one entry per n-gram length), so a lookup is a few dict probes, never a scan of the sequence;
+  - LiveNgrams: the tokens of the other requests running now in the same namespace (their prompts, e.g.
+    a few-shot prefix shared by a batch, and what they have generated so far). Each request's NgramIndex
+    writes its new n-grams here as it grows (no second pass over the tokens), and a request's entries
+    leave when it does, so this table is bounded by the running requests' tokens (the KV pool);
   - NgramCorpus: every sequence the scheduler has put into the radix cache (finished requests' prompt +
     output), per namespace, so a request can continue text another request produced (few-shot examples,
-    a JSON layout, a previous answer). A tenant's text is never proposed to another tenant.
+    a JSON layout, a previous answer); bounded, the least recently seen n-grams evicted first.
+A tenant's text is never proposed to another tenant (both shared tables are per namespace).
 Proposals are only guesses: verification keeps exactly what the target model would have produced.
 """
 
@@ -18,17 +23,33 @@ class NgramIndex:
     """Suffix lookup over one growing token sequence. For each n in [min_n, max_n] and each n-gram that
     occurred (ending before the sequence's last token), the position right after its latest occurrence."""
 
-    def __init__(self, min_n: int, max_n: int):
+    def __init__(self, min_n: int, max_n: int, shared: dict | None = None, shared_min_n: int = 1):
         self.min_n, self.max_n = min_n, max_n
+        self.shared_min_n = shared_min_n  # shorter n-grams stay private (a weak match: own text only)
         self._ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the maps
+        self.tokens: list[int] = []  # the sequence last indexed (other requests read continuations here)
+        self.shared = shared  # LiveNgrams' namespace table: n-gram -> (owner index, end)
 
     def _update(self, seq: list[int]) -> None:
         # The n-gram ending at the last position is the suffix being looked up: index up to len - 1.
+        self.tokens = seq
+        shared = self.shared
         for end in range(max(self._indexed, self.min_n), len(seq)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                self._ends[n][tuple(seq[end - n : end])] = end
+                key = tuple(seq[end - n : end])
+                self._ends[n][key] = end
+                if shared is not None and n >= self.shared_min_n:
+                    shared[key] = (self, end)
         self._indexed = max(self._indexed, len(seq))
+
+    def observe(self, seq: list[int]) -> None:
+        """Index seq's new tokens (so other running requests see them) without a lookup."""
+        self._update(seq)
+
+    def keys(self):
+        for table in self._ends.values():
+            yield from table
 
     def lookup(self, seq: list[int], n: int) -> int | None:
         """Where the latest earlier occurrence of seq's last n tokens continues, or None."""
@@ -36,6 +57,47 @@ class NgramIndex:
         if n > len(seq):
             return None
         return self._ends[n].get(tuple(seq[-n:]))
+
+
+class LiveNgrams:
+    """The n-grams of the running requests, per namespace: n-gram -> (the NgramIndex of the request that
+    wrote it last, the position after it). Entries are written by NgramIndex._update and dropped when their
+    request leaves (its text then goes to the NgramCorpus if it finished normally)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, dict[tuple[int, ...], tuple[NgramIndex, int]]] = {}
+        self._users: dict[str, int] = {}  # indexes writing into each namespace's table
+
+    def table(self, namespace: str) -> dict:
+        """The namespace's table, for one new NgramIndex to write into (it must be remove()d later)."""
+        self._users[namespace] = self._users.get(namespace, 0) + 1
+        return self._maps.setdefault(namespace, {})
+
+    def lookup(self, namespace: str, seq: list[int], n: int, k: int, asker: NgramIndex) -> list[int]:
+        """Up to k tokens continuing seq's last n tokens in another running request's text ([] if none)."""
+        table = self._maps.get(namespace)
+        if table is None or n > len(seq):
+            return []
+        found = table.get(tuple(seq[-n:]))
+        if found is None or found[0] is asker:
+            return []
+        owner, end = found
+        return owner.tokens[end : end + k]
+
+    def remove(self, namespace: str, index: NgramIndex) -> None:
+        table = self._maps.get(namespace)
+        if table is None:
+            return
+        for key in index.keys():
+            found = table.get(key)
+            if found is not None and found[0] is index:
+                del table[key]
+        self._users[namespace] -= 1
+        if not self._users[namespace]:  # no running request of this tenant: drop its (empty) table
+            del self._maps[namespace], self._users[namespace]
+
+    def __len__(self) -> int:
+        return len(self._maps)
 
 
 class NgramCorpus:
@@ -74,14 +136,21 @@ class NgramCorpus:
         self._size = 0
 
 
-def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, namespace: str, k: int
-                  ) -> tuple[list[int], int]:
-    """(up to k tokens continuing seq, the length of the suffix matched): the longest suffix match, own
-    tokens first at equal length; ([], 0) without a match."""
-    for n in range(own.max_n, own.min_n - 1, -1):
+def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, namespace: str, k: int,
+                  live: LiveNgrams | None = None, min_n: int | None = None) -> tuple[list[int], int]:
+    """(up to k tokens continuing seq, the length of the suffix matched): the longest suffix match of at
+    least min_n tokens (default own.min_n); at equal length own tokens first, then other running
+    requests', then the corpus (those two only for n >= own.shared_min_n); ([], 0) without a match."""
+    for n in range(own.max_n, max(own.min_n, min_n or 0) - 1, -1):
         end = own.lookup(seq, n)
         if end is not None:
             cont = seq[end : end + k]
+            if cont:
+                return cont, n
+        if n < own.shared_min_n:
+            continue
+        if live is not None:
+            cont = live.lookup(namespace, seq, n, k, own)
             if cont:
                 return cont, n
         if corpus is not None:
