@@ -43,7 +43,8 @@ class TokenAllocator:
             return
         assert self._num_free + n <= self.size, "freeing more slots than exist (double free?)"
         # Reversed onto the stack: slots freed in ascending order come back out ascending.
-        self._free[self._num_free : self._num_free + n] = slots.to(self._free.device, torch.int64).reshape(-1).flip(0)
+        back = slots.to(self._free.device, torch.int64).reshape(-1).flip(0)
+        self._free[self._num_free : self._num_free + n] = back
         self._num_free += n
 
     def free_slots(self) -> torch.Tensor:

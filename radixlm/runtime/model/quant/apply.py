@@ -10,8 +10,8 @@ Modes (ModelConfig.quantization, SGLang's --quantization):
   auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
         on the CPU and none elsewhere.
 q/k/v (fused), o, gate/up (fused) and down are quantized; the LM head (QUANTIZE_LM_HEAD: measured too
-sensitive), int8's first layers (DENSE_LAYERS_PER: likewise, 2 of SmolLM2's 30), norms, embeddings, biases and the KV
-cache keep the model dtype.
+sensitive), int8's first layers (DENSE_LAYERS_PER: likewise, 2 of SmolLM2's 30), norms, embeddings,
+biases and the KV cache keep the model dtype.
 """
 
 from __future__ import annotations
@@ -149,5 +149,5 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-__all__ = ["DENSE_LAYERS_PER", "GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "quantize_model", "resolve_quantization",
-           "dense_first_layers", "weight_bytes"]
+__all__ = ["DENSE_LAYERS_PER", "GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "dense_first_layers",
+           "quantize_model", "resolve_quantization", "weight_bytes"]
