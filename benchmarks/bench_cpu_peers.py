@@ -249,11 +249,15 @@ def serve(side: str, args: argparse.Namespace) -> None:
 
 
 class Worker:
-    def __init__(self, name: str, python: str, side: str, args: argparse.Namespace, workloads: str):
+    def __init__(self, name: str, python: str, side: str, args: argparse.Namespace, workloads: str,
+                 tree: str | None = None):
+        """tree: run radixlm from this checkout (PYTHONPATH) instead of the importing one (--baseline-tree)."""
         self.name = name
         cmd = [python, str(Path(__file__).resolve()), "--side", side, "--workloads", workloads,
                "--model-path", args.model_path, "--threads", str(args.threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        if tree is not None:
+            env["PYTHONPATH"] = tree
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline().strip()
         if not line.startswith("ready"):
@@ -315,6 +319,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per workload (medians shown)")
     ap.add_argument("--modes", default="none,int8", help="radixlm quantization modes, comma-separated")
     ap.add_argument("--no-hf", action="store_true", help="leave HF transformers out")
+    ap.add_argument("--baseline-tree", default=None,
+                    help="another radixlm checkout (e.g. the main branch) whose --modes run as extra sides "
+                         "'base <mode>': before/after ratios from one run")
     ap.add_argument("--only", default="0,1,2", help="workload rows to run (0 decode, 1 batch, 2 prefill)")
     ap.add_argument("--llama-python", default=str(DEFAULT_PEERS / "venv" / "bin" / "python"))
     ap.add_argument("--gguf-dir", default=str(DEFAULT_PEERS / "gguf"),
@@ -331,13 +338,16 @@ def main() -> None:
     w = make_workloads(args.model_path, args.quick)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(w, f)
-    plans = [(f"radixlm {m}", sys.executable, f"radixlm:{m}") for m in args.modes.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m]
+    plans = [(f"radixlm {m}", sys.executable, f"radixlm:{m}", None) for m in modes]
+    if args.baseline_tree:
+        plans += [(f"base {m}", sys.executable, f"radixlm:{m}", args.baseline_tree) for m in modes]
     if not args.no_hf:
-        plans.append(("HF", sys.executable, "hf"))
+        plans.append(("HF", sys.executable, "hf", None))
     lsides, note = llama_sides(args)
-    plans += lsides
+    plans += [(*side, None) for side in lsides]
     start_load = load()
-    workers = [Worker(name, py, side, args, f.name) for name, py, side in plans]
+    workers = [Worker(name, py, side, args, f.name, tree) for name, py, side, tree in plans]
     names = row_names(w["sizes"])
     got = {wk.name: [[] for _ in names] for wk in workers}
     chosen = [int(i) for i in args.only.split(",")]
@@ -366,16 +376,17 @@ def main() -> None:
     for i, name in enumerate(names):
         if i in chosen:
             print(f"| {name} | " + " | ".join(f"{med[c][i]:.1f}" for c in cols) + " |")
-    refs = [c for c in cols if c.startswith(("llama.cpp", "HF"))]
+    refs = [c for c in cols if c.startswith(("llama.cpp", "HF", "base"))]
     ours = [c for c in cols if c.startswith("radixlm")]
     if refs and ours:
         print("\nratios (radixlm / peer, medians):")
-        print("| workload | " + " | ".join(f"{o} / {r}" for o in ours for r in refs) + " |")
-        print("|---|" + "---|" * (len(ours) * len(refs)))
+        # a baseline side is compared with the same mode only (radixlm int8 / base int8)
+        pairs = [(o, r) for o in ours for r in refs if not r.startswith("base") or r[4:] == o[7:]]
+        print("| workload | " + " | ".join(f"{o} / {r}" for o, r in pairs) + " |")
+        print("|---|" + "---|" * len(pairs))
         for i, name in enumerate(names):
             if i in chosen:
-                print(f"| {name} | " + " | ".join(f"{med[o][i] / med[r][i]:.2f}x" for o in ours for r in refs)
-                      + " |")
+                print(f"| {name} | " + " | ".join(f"{med[o][i] / med[r][i]:.2f}x" for o, r in pairs) + " |")
 
 
 if __name__ == "__main__":

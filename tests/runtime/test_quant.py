@@ -208,3 +208,31 @@ def test_gguf_mode_follows_the_linear_weights_type(tiny_llama_dir, tmp_path):
     for qtype, mode in ((Q.Q8_0, "int8"), (Q.Q4_1, "int4"), (Q.F16, None)):
         path = write_gguf(tiny_llama_dir, tmp_path / f"{qtype.name}.gguf", "llama", qtype=lambda n, w: qtype)
         assert gguf_linear_mode(path) == mode
+
+
+def test_int8_keeps_the_first_layers_dense():
+    import transformers
+
+    from radixlm.runtime.model.quant.apply import dense_first_layers, quantize_model
+    from radixlm.runtime.model.registry import build_model
+
+    assert [dense_first_layers("int8", n) for n in (2, 14, 15, 30, 32)] == [0, 0, 1, 2, 2]
+    assert dense_first_layers("int4", 30) == dense_first_layers("none", 30) == 0
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=30,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg.architectures = ["LlamaForCausalLM"]
+    model = build_model(cfg, 64)
+    for p in model.parameters():
+        p.data.normal_()
+    x = torch.randn(3, 32)
+    want = [F.linear(x, layer.gate_up_weight) for layer in model.layers[:3]]
+    quantize_model(model, "int8")
+    for i, layer in enumerate(model.layers[:3]):
+        dense = i < 2
+        assert isinstance(layer.gate_up_weight, torch.nn.Parameter) == dense
+        assert isinstance(layer.self_attn.qkv_weight, torch.nn.Parameter) == dense
+        got = layer.linear(x, layer.gate_up_weight)
+        if dense:
+            assert torch.equal(got, want[i])  # untouched: the model dtype's own matmul
+        else:
+            torch.testing.assert_close(got, want[i], rtol=0.05, atol=0.25)  # int8 weights, bf16 activations

@@ -12,12 +12,17 @@ import torch
 
 class TokenAllocator:
     """Free list of KV slots. Invariant: every slot in 1..size is either free here or owned elsewhere
-    (a running request or a radix-tree node), never both; `check_integrity` verifies the free side."""
+    (a running request or a radix-tree node), never both; `check_integrity` verifies the free side.
+
+    The free list is a stack whose top (its end) holds the lowest slot, and alloc returns its slots in
+    ascending order: a request's prompt slots and the slots its decode steps take one by one then form
+    one ascending run while nothing else interleaves, so attention can read the request's K/V as a slice
+    of the pool instead of gathering it (TorchAttentionBackend's contiguous decode)."""
 
     def __init__(self, size: int, device: torch.device):
         self.size = size
         self.device = device
-        self._free = torch.arange(1, size + 1, dtype=torch.int64, device=device)
+        self._free = torch.arange(size, 0, -1, dtype=torch.int64, device=device)
         self._num_free = size
 
     def num_free(self) -> int:
@@ -28,7 +33,7 @@ class TokenAllocator:
         if num > self._num_free:
             return None
         start = self._num_free - num
-        out = self._free[start : self._num_free].clone()
+        out = self._free[start : self._num_free].flip(0)  # a copy, lowest slot first
         self._num_free = start
         return out
 
@@ -37,7 +42,9 @@ class TokenAllocator:
         if n == 0:
             return
         assert self._num_free + n <= self.size, "freeing more slots than exist (double free?)"
-        self._free[self._num_free : self._num_free + n] = slots.to(self._free.device, torch.int64)
+        # Reversed onto the stack: slots freed in ascending order come back out ascending.
+        back = slots.to(self._free.device, torch.int64).reshape(-1).flip(0)
+        self._free[self._num_free : self._num_free + n] = back
         self._num_free += n
 
     def free_slots(self) -> torch.Tensor:

@@ -66,6 +66,13 @@ class TorchAttentionBackend:
         if shared >= MIN_SHARED_TOKENS:  # requests share a cached prefix: read it once, not b times
             return cascade_decode(q, k_buf, v_buf, slots, mask[:, 0, 0, :], shared, meta.sm_scale)
         b, L = slots.shape
+        start = meta.plan_cache["decode_run_start"]
+        if start is not None:  # a lone row whose slots are one ascending run: its K/V are a slice, no gather
+            kk = k_buf[start : start + L].unsqueeze(0).transpose(1, 2)  # [1, Hkv, L, D] (a view)
+            vv = v_buf[start : start + L].unsqueeze(0).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, scale=meta.sm_scale,
+                                               enable_gqa=kk.shape[1] != q.shape[1])
+            return o.squeeze(2)
         flat = slots.reshape(-1)
         # index_select on the flat slot list is ~2.5x faster than advanced indexing with a 2-D index.
         kk = k_buf.index_select(0, flat).view(b, L, *k_buf.shape[1:]).transpose(1, 2)  # [b, Hkv, L, D]
@@ -92,6 +99,7 @@ class TorchAttentionBackend:
             # Padding reads the scratch slot 0 (kept finite), masked out of the softmax.
             plan = meta.plan_cache["decode"] = (slots.masked_fill(~valid, 0), valid[:, None, None, :])
             meta.plan_cache["decode_unpadded"] = min(seq_lens) == max_len
+            meta.plan_cache["decode_run_start"] = _run_start(slots[0]) if len(seq_lens) == 1 else None
         return plan
 
     def _extend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
@@ -115,3 +123,16 @@ class TorchAttentionBackend:
             o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
                                                enable_gqa=kk.shape[1] != qq.shape[1])
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
+
+
+def _run_start(slots: torch.Tensor) -> int | None:
+    """The first slot when `slots` ([L]) is one ascending run of consecutive slots, else None. A request
+    decoding alone has such a run (scheduler/memory_pool.py hands slots out ascending) unless its prefix
+    came from the radix cache or the pool was fragmented; then the gather path runs."""
+    first = int(slots[0])
+    n = slots.shape[0]
+    if int(slots[-1]) - first != n - 1:
+        return None
+    if n > 2 and not bool((slots[1:] - slots[:-1] == 1).all()):
+        return None
+    return first

@@ -10,7 +10,8 @@ Modes (ModelConfig.quantization, SGLang's --quantization):
   auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
         on the CPU and none elsewhere.
 q/k/v (fused), o, gate/up (fused) and down are quantized; the LM head (QUANTIZE_LM_HEAD: measured too
-sensitive), norms, embeddings, biases and the KV cache keep the model dtype.
+sensitive), int8's first layers (DENSE_LAYERS_PER: likewise, 2 of SmolLM2's 30), norms, embeddings,
+biases and the KV cache keep the model dtype.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ DEFAULT_CPU = "none"
 # layers: int4 +5.75% ppl with it quantized, +0.19% with it dense; int8 +1.33% / +1.09%. It stays dense
 # (fp32, in the weight layout's blocks) in both modes.
 QUANTIZE_LM_HEAD = {"int8": False, "int4": False}  # see docs/engine.md "Quantized and bf16 weights" for why
+# The first layers' matmuls measured the most sensitive to int8 (SmolLM2-135M-Instruct, perplexity of
+# benchmarks/data/declaration.txt vs fp32, benchmarks/quant_quality.py, 1 thread): every layer int8
+# +0.96% (+1.09% in an earlier 2-thread run: on the +1% target's edge), layer 0 kept +0.69%, layers 0-1
+# kept +0.22%, layers 0-1 and the last +0.15%, the last alone +0.93%. So int8 keeps its first layers
+# in the model dtype (in the weight layout's fast fp32 form): one per DENSE_LAYERS_PER layers, i.e. 2 of
+# SmolLM2's 30 (~21 MB more streamed per token than all-int8, ~10% of int8's bytes; measured on that
+# model only), none in models under 15 layers (the tests' tiny checkpoints stay fully int8).
+DENSE_LAYERS_PER = {"int8": 15, "int4": 0}  # 0: none kept
+
+
+def dense_first_layers(mode: str, num_layers: int) -> int:
+    """How many leading layers `mode` keeps unquantized (see DENSE_LAYERS_PER)."""
+    per = DENSE_LAYERS_PER.get(mode, 0)
+    return num_layers // per if per else 0
 
 # GGUF tensor types whose linear weights a mode keeps as they are (int4) or reads as its own (int8).
 GGUF_MODES = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}
@@ -93,7 +108,10 @@ def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None
         return 0
     quantize, exact = _quantizer(mode), 0
     source = source if mode == "int4" else None
+    keep = dense_first_layers(mode, len(model.layers))
     for i, layer in enumerate(model.layers):
+        if i < keep:
+            continue  # kept in the model dtype, with its `linear` (see DENSE_LAYERS_PER)
         for owner_path, attr, parts in _LAYER_WEIGHTS:
             owner = layer.get_submodule(owner_path) if owner_path else layer
             names = [f"model.layers.{i}.{p}.weight" for p in parts]
@@ -131,5 +149,5 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-__all__ = ["GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "quantize_model", "resolve_quantization",
-           "weight_bytes"]
+__all__ = ["DENSE_LAYERS_PER", "GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "dense_first_layers",
+           "quantize_model", "resolve_quantization", "weight_bytes"]

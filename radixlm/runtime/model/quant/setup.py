@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from radixlm.runtime.model.quant.apply import GGUF_MODES, quantize_model, resolve_quantization, weight_bytes
+from radixlm.runtime.model.quant.apply import (
+    GGUF_MODES, dense_first_layers, quantize_model, resolve_quantization, weight_bytes,
+)
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps, cpu_caps
 from radixlm.runtime.model.quant.kernels import DENSE_MIN_ROWS
 
@@ -71,7 +73,9 @@ def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
         source = read_int4_blocks(plan.gguf_path, hf_config)
     dense = plan.caps.native_bf16  # bf16 GEMMs for many-row steps (kernels.DENSE_MIN_ROWS)
     exact = quantize_model(model, plan.quantization, source, dense)
-    detail = {"none": "", "int8": ", int8 per channel, bf16 activations",
+    kept = dense_first_layers(plan.quantization, len(model.layers))
+    detail = {"none": "", "int8": f", int8 per channel, bf16 activations, the LM head and the first {kept} "
+                                  f"layer(s) {str(plan.dtype).removeprefix('torch.')}",
               "int4": ", int4 groups of 32, bf16 activations"}[plan.quantization]
     if dense and plan.quantization != "none":
         detail += f", bf16 copies for steps of >= {DENSE_MIN_ROWS} rows"
