@@ -71,8 +71,12 @@ def validator_for(schema: Any, formats: bool = False) -> Any:
     """A jsonschema validator under the schema's own draft (draft 7 when it names none)."""
     import jsonschema
 
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
-    cls = jsonschema.validators.extend(cls, {"pattern": _ecma_pattern})
+    from radixlm.constrained.schema_refs import rebase_bundled_refs
+
+    draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    # A bundled schema's refs read against its root where its own resources lack them, as the grammar does.
+    schema = rebase_bundled_refs(schema, "id" if draft is jsonschema.Draft4Validator else "$id")
+    cls = jsonschema.validators.extend(draft, {"pattern": _ecma_pattern})
     return cls(schema, format_checker=cls.FORMAT_CHECKER if formats else None)
 
 

@@ -111,3 +111,40 @@ def _pointer(doc: Any, fragment: str) -> Any:
 
 def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def rebase_bundled_refs(schema: Any, root_key: str) -> Any:
+    """The schema for a validator (jsonschema), with RefIndex.resolve's fallback for bundled schemas made
+    explicit: a `#/...` ref inside a subschema with its own `id` that points nowhere in that resource but
+    somewhere in the root is rewritten to point at the root (which gets an `id` under `root_key`, `id` for
+    draft 4, `$id` otherwise, when it has none). So the validator reads such refs as the grammar did,
+    instead of failing on them. Returns the schema itself when nothing needs rewriting."""
+    if not isinstance(schema, dict):
+        return schema
+    index = RefIndex(schema)
+    root_uri = index._root_url() or "urn:radixlm:root"
+    fixes: list[tuple[dict, str]] = []
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        stack.extend(_children(node))
+        base, ref = index.bases.get(id(node), ""), node.get("$ref")
+        if not base or base == index._root_url() or not (isinstance(ref, str) and ref.startswith("#/")):
+            continue
+        doc = index.resources.get(base)
+        if doc is not None and _pointer(doc, ref[1:]) is None and _pointer(schema, ref[1:]) is not None:
+            fixes.append((node, f"{root_uri}{ref}"))
+    if not fixes:
+        return schema
+    import copy
+
+    memo: dict[int, Any] = {}
+    out = copy.deepcopy(schema, memo)
+    for node, ref in fixes:
+        memo[id(node)]["$ref"] = ref
+    if not index._root_url():
+        out[root_key] = root_uri
+    return out
+

@@ -78,7 +78,12 @@ def _build(spec: str) -> Any:
         schema = {}
     if not isinstance(schema, dict):
         return None
-    cls = jsonschema.validators.extend(_draft_of(schema), {"pattern": _ecma_pattern})
+    from radixlm.constrained.schema_refs import rebase_bundled_refs
+
+    draft = _draft_of(schema)
+    # Refs the grammar resolved against the root of a bundled schema are read the same way here.
+    schema = rebase_bundled_refs(schema, "id" if draft is jsonschema.Draft4Validator else "$id")
+    cls = jsonschema.validators.extend(draft, {"pattern": _ecma_pattern})
     # The format checker asserts the formats jsonschema can check (date, email, ipv4, uuid, ...); formats it
     # cannot check pass. No retrieval of remote refs: `referencing` has none unless one is configured.
     return cls(schema, format_checker=cls.FORMAT_CHECKER)

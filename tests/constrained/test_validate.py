@@ -73,3 +73,24 @@ def test_draft_without_dollar_schema_is_the_one_its_keywords_fit():
     assert not check_json_output(tuple_items, '["a", 1]', complete=True).valid
     draft4 = json.dumps({"type": "integer", "maximum": 5, "exclusiveMaximum": True})
     assert not check_json_output(draft4, "5", complete=True).valid
+
+
+def test_bundled_schema_refs_read_against_the_root_as_the_grammar_does():
+    """A bundled draft-4 schema (AsyncAPI 1.x style): a definition keeps its own `id` and points from
+    inside it at the root's definitions. Strictly that ref resolves inside the definition's own resource
+    (where it points nowhere); the grammar reads it against the root (schema_refs.RefIndex), and so does
+    the validator, instead of failing to validate at all."""
+    from radixlm.constrained.schema_refs import rebase_bundled_refs
+
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+              "properties": {"topics": {"$ref": "#/definitions/topics"}},
+              "definitions": {
+                  "topics": {"id": "http://example.com/topics.json", "type": "object",
+                             "additionalProperties": {"$ref": "#/definitions/topic"}},
+                  "topic": {"type": "object", "minProperties": 1}}}
+    spec = json.dumps(schema)
+    assert check_json_output(spec, '{"topics": {"a": {"x": 1}}}', True).to_meta() == {"json_schema_valid": True}
+    bad = check_json_output(spec, '{"topics": {"a": {}}}', True)
+    assert bad.valid is False and "non-empty" in bad.error and "topics/a" in bad.error
+    plain = {"type": "object", "properties": {"a": {"$ref": "#/definitions/x"}}, "definitions": {"x": {}}}
+    assert rebase_bundled_refs(plain, "$id") is plain  # nothing to rewrite: the schema itself
