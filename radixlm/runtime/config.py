@@ -17,8 +17,7 @@ class ModelConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: float32 on CPU, bfloat16 on CUDA)
     device: str = "auto"  # auto | cpu | cuda
     # Weight quantization on the CPU (model/quant/apply.py; SGLang's name): auto | none | int8 | int4.
-    # auto: a q8_0 / 4-bit GGUF keeps its precision (int8 / int4), anything else as quant.apply.cpu_default
-    # (int8 on CPUs with native bf16 for models of 15+ layers, else none).
+    # auto: a q8_0 / 4-bit GGUF keeps its precision (int8 / int4), anything else as quant.apply.DEFAULT_CPU.
     quantization: str = "auto"
     context_length: int | None = None  # None = the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads on CPU; None = number of physical cores

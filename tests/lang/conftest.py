@@ -92,8 +92,7 @@ def smol_engine():
     expensive part; tests that need their own cache numbers take deltas of engine.cache_stats())."""
     from radixlm.runtime.engine import Engine
 
-    # fp32 (quantization auto would pick int8 on CPUs with native bf16): tests compare with transformers.
-    engine = Engine(None, max_total_tokens=32768, quantization="none")
+    engine = Engine(None, max_total_tokens=32768)
     yield engine
     engine.shutdown()
 
@@ -110,8 +109,7 @@ def smol_runtime():
     try:
         # One torch thread: the server's HTTP, tokenizer and detokenizer processes need the other core (with
         # two threads the scheduler is oversubscribed and decodes ~5x slower on a 2-core machine).
-        # fp32, like smol_engine: tests compare with transformers (auto picks int8 on CPUs with native bf16).
-        runtime = Runtime(None, log_level="error", launch_timeout=240, num_threads=1, quantization="none")
+        runtime = Runtime(None, log_level="error", launch_timeout=240, num_threads=1)
     except (RuntimeError, TimeoutError, OSError) as e:
         pytest.skip(f"HTTP backend: `python -m radixlm.launch_server` did not start on the default model ({e})")
     yield runtime

@@ -236,19 +236,3 @@ def test_int8_keeps_the_first_layers_dense():
             assert torch.equal(got, want[i])  # untouched: the model dtype's own matmul
         else:
             torch.testing.assert_close(got, want[i], rtol=0.05, atol=0.25)  # int8 weights, bf16 activations
-
-
-def test_auto_picks_int8_only_where_it_measured_fastest_with_its_quality():
-    """auto on the CPU: int8 for fp32 models deep enough to keep their first layers dense, on CPUs that
-    compute bf16 natively; fp32 on AVX2-only CPUs, for bf16 models and for shallow models; a quantized
-    GGUF keeps its own mode; never on CUDA or under TP."""
-    from radixlm.runtime.model.quant.apply import cpu_default
-
-    cpu, f32, bf16 = torch.device("cpu"), torch.float32, torch.bfloat16
-    assert cpu_default(True, f32, 30) == "int8"
-    assert cpu_default(False, f32, 30) == cpu_default(True, bf16, 30) == cpu_default(True, f32, 14) == "none"
-    assert resolve_quantization("auto", cpu, 1, None, "int8") == "int8"
-    assert resolve_quantization("auto", cpu, 1, "int4", "int8") == "int4"
-    assert resolve_quantization("auto", cpu, 2, None, "int8") == "none"
-    assert resolve_quantization("auto", torch.device("cuda"), 1, None, "int8") == "none"
-    assert resolve_quantization("none", cpu, 1, None, "int8") == "none"

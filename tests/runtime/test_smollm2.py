@@ -48,8 +48,7 @@ def hf_outputs(model_dir, prompts):
     {"chunked_prefill_size": 16, "max_total_tokens": 80},  # chunking, and a pool small enough to retract
 ])
 def test_greedy_matches_transformers(model_dir, prompts, hf_outputs, options):
-    # fp32 is the reference (auto picks int8 on CPUs with native bf16; that is test_default_quantization's)
-    with Engine(str(model_dir), **{"max_total_tokens": 8192, "quantization": "none", **options}) as engine:
+    with Engine(str(model_dir), **{"max_total_tokens": 8192, **options}) as engine:
         res = engine.generate(prompts, {"max_new_tokens": NEW_TOKENS, "temperature": 0})
         assert [r["output_ids"] for r in res] == hf_outputs
         if "chunked_prefill_size" in options:
@@ -58,10 +57,6 @@ def test_greedy_matches_transformers(model_dir, prompts, hf_outputs, options):
 
 
 def test_answers_the_capital_question(model_dir, prompts):
-    """The default configuration (int8 where the CPU computes bf16 natively, else fp32) answers right."""
     with Engine(str(model_dir), max_total_tokens=4096) as engine:
         res = engine.generate(prompts[0], {"max_new_tokens": 16, "temperature": 0})
-        from radixlm.runtime.model.quant.cpu_caps import cpu_caps
-
-        assert engine.runner.quantization == ("int8" if cpu_caps().native_bf16 else "none")
     assert "Paris" in res["text"]

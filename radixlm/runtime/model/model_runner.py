@@ -119,7 +119,7 @@ class ModelRunner:
         self.device = resolve_device(model_config.device)
         plan = plan_weights(model_config.quantization, model_config.dtype,
                             resolve_dtype(model_config.dtype, self.device), self.device, model_config.tp_size,
-                            model_config.model_path, hf_config.num_hidden_layers)
+                            model_config.model_path)
         self.dtype, self.quantization = plan.dtype, plan.quantization
         threads = model_config.num_threads or default_num_threads()
         self.layout = resolve_layout(model_config.weight_layout, self.device, self.dtype, threads)

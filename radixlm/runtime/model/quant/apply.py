@@ -7,8 +7,8 @@ Modes (ModelConfig.quantization, SGLang's --quantization):
         dynamic int8 linear was faster but quantizes activations too: +93% perplexity, docs/benchmarks.md).
   int4  4-bit weights in groups of 32 inputs (scale + zero each), _weight_int4pack_mm_for_cpu with bf16
         activations (its fp32-activation path was measured 10-40x slower).
-  auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise cpu_default()
-        on the CPU (int8 where it measured fastest with its quality held, else none) and none elsewhere.
+  auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
+        on the CPU and none elsewhere.
 q/k/v (fused), o, gate/up (fused) and down are quantized; the LM head (QUANTIZE_LM_HEAD: measured too
 sensitive), int8's first layers (DENSE_LAYERS_PER: likewise, 2 of SmolLM2's 30), norms, embeddings,
 biases and the KV cache keep the model dtype.
@@ -29,12 +29,7 @@ from radixlm.runtime.model.quant.kernels import (
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-# auto on the CPU for an fp32 model that is not a quantized GGUF: int8 where the CPU computes bf16 natively
-# (int8's activations and its many-row copies are bf16; measured only on AVX512-BF16 / AMX machines) and the
-# model is deep enough to keep its sensitive first layers dense (DENSE_LAYERS_PER). There int8 measured
-# faster than fp32 on every bench_cpu_peers row (SmolLM2-135M: batch-1 decode ~1.4x, the batch of 32 ~1.5x,
-# prefill ~2x) at +0.22% perplexity (target <= +1%); everywhere else fp32 (docs/engine.md).
-DEFAULT_CPU_QUANTIZED = "int8"
+DEFAULT_CPU = "none"
 # The LM head (SmolLM2: the tied embedding, 21% of the weights) measured far more sensitive than the
 # layers: int4 +5.75% ppl with it quantized, +0.19% with it dense; int8 +1.33% / +1.09%. It stays dense
 # (fp32, in the weight layout's blocks) in both modes.
@@ -67,25 +62,15 @@ _LAYER_WEIGHTS = (("self_attn", "qkv_weight", ("self_attn.q_proj", "self_attn.k_
 Int4Source = Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def cpu_default(native_bf16: bool, dtype: torch.dtype, num_layers: int) -> str:
-    """auto's mode on the CPU for a model that is not a quantized GGUF (see DEFAULT_CPU_QUANTIZED)."""
-    mode = DEFAULT_CPU_QUANTIZED
-    if native_bf16 and dtype == torch.float32 and dense_first_layers(mode, num_layers) > 0:
-        return mode
-    return "none"
-
-
-def resolve_quantization(requested: str, device: torch.device, tp_size: int, gguf_mode: str | None,
-                         cpu_mode: str = "none") -> str:
+def resolve_quantization(requested: str, device: torch.device, tp_size: int, gguf_mode: str | None) -> str:
     """The concrete mode ("none", "int8" or "int4"); ValueError for a bad name or an unsupported setup.
-    gguf_mode: GGUF_MODES' mode for a GGUF model's linear weights (None: not a quantized GGUF); cpu_mode:
-    auto's choice for any other model on the CPU (cpu_default)."""
+    gguf_mode: GGUF_MODES' mode for a GGUF model's linear weights (None: not a quantized GGUF)."""
     if requested not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {requested!r}")
     if requested == "auto":
         if device.type != "cpu" or tp_size > 1:
             return "none"
-        return gguf_mode or cpu_mode
+        return gguf_mode or DEFAULT_CPU
     if requested != "none" and device.type != "cpu":
         raise ValueError(f"quantization={requested} runs on the CPU only (torch's CPU kernels); "
                          f"this model runs on {device.type}: use quantization=none")
@@ -164,5 +149,5 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-__all__ = ["DENSE_LAYERS_PER", "GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU_QUANTIZED", "cpu_default",
-           "dense_first_layers", "quantize_model", "resolve_quantization", "weight_bytes"]
+__all__ = ["DENSE_LAYERS_PER", "GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "dense_first_layers",
+           "quantize_model", "resolve_quantization", "weight_bytes"]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from radixlm.runtime.model.quant.apply import (
-    GGUF_MODES, cpu_default, dense_first_layers, quantize_model, resolve_quantization, weight_bytes,
+    GGUF_MODES, dense_first_layers, quantize_model, resolve_quantization, weight_bytes,
 )
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps, cpu_caps
 from radixlm.runtime.model.quant.kernels import DENSE_MIN_ROWS
@@ -54,13 +54,13 @@ def gguf_linear_mode(gguf_path: Path | None) -> str | None:
 
 
 def plan_weights(requested: str, requested_dtype: str, dtype: torch.dtype, device: torch.device,
-                 tp_size: int, model_path: str | None, num_layers: int) -> WeightPlan:
+                 tp_size: int, model_path: str | None) -> WeightPlan:
     caps = cpu_caps()
     if device.type == "cpu":
         dtype = resolve_cpu_dtype(dtype, requested_dtype, caps)
     gguf_path = Path(model_path).expanduser() if model_path and str(model_path).lower().endswith(".gguf") else None
     mode = resolve_quantization(requested, device, tp_size, gguf_linear_mode(gguf_path) if requested == "auto"
-                                else None, cpu_default(caps.native_bf16, dtype, num_layers))
+                                else None)
     return WeightPlan(mode, dtype, caps, gguf_path)
 
 
