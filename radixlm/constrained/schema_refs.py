@@ -7,6 +7,7 @@ Everything else is refused as external.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
@@ -122,7 +123,8 @@ def rebase_bundled_refs(schema: Any, root_key: str) -> Any:
     if not isinstance(schema, dict):
         return schema
     index = RefIndex(schema)
-    root_uri = index._root_url() or "urn:radixlm:root"
+    own_root = index._root_url()
+    root_uri = own_root or "urn:radixlm:root"
     fixes: list[tuple[dict, str]] = []
     stack: list[Any] = [schema]
     while stack:
@@ -131,20 +133,18 @@ def rebase_bundled_refs(schema: Any, root_key: str) -> Any:
             continue
         stack.extend(_children(node))
         base, ref = index.bases.get(id(node), ""), node.get("$ref")
-        if not base or base == index._root_url() or not (isinstance(ref, str) and ref.startswith("#/")):
+        if not base or base == own_root or not (isinstance(ref, str) and ref.startswith("#/")):
             continue
         doc = index.resources.get(base)
         if doc is not None and _pointer(doc, ref[1:]) is None and _pointer(schema, ref[1:]) is not None:
             fixes.append((node, f"{root_uri}{ref}"))
     if not fixes:
         return schema
-    import copy
-
     memo: dict[int, Any] = {}
     out = copy.deepcopy(schema, memo)
     for node, ref in fixes:
         memo[id(node)]["$ref"] = ref
-    if not index._root_url():
+    if not own_root:
         out[root_key] = root_uri
     return out
 

@@ -50,16 +50,20 @@ def plain_cells(tiny_llama_dir):
         return _cells(eng, 10_000)
 
 
-def test_ngram_sampled_distribution_equals_plain(tiny_llama_dir, plain_cells):
-    with Engine(str(tiny_llama_dir), max_total_tokens=1 << 16, max_running_requests=512,
-                speculative_algorithm="NGRAM", speculative_num_draft_tokens=3) as eng:
-        cells = _cells(eng, 20_000)
+def _assert_spec_matches_plain(model_dir, plain_cells, seed0: int, **spec_options) -> None:
+    with Engine(str(model_dir), max_total_tokens=1 << 16, max_running_requests=512, **spec_options) as eng:
+        cells = _cells(eng, seed0)
         stats = eng.scheduler.spec.stats
         # The drafts were there and were both accepted and rejected: the test exercises both branches.
         assert stats.num_accepted > N // 10 and stats.num_proposed - stats.num_accepted > N // 2
         eng.check_integrity()
     stat, df = two_sample_stat(cells, plain_cells, 27)
     assert stat < chi_square_critical(df), (stat, df)
+
+
+def test_ngram_sampled_distribution_equals_plain(tiny_llama_dir, plain_cells):
+    _assert_spec_matches_plain(tiny_llama_dir, plain_cells, 20_000, speculative_algorithm="NGRAM",
+                               speculative_num_draft_tokens=3)
 
 
 def test_draft_model_sampled_distribution_equals_plain(tiny_llama_dir, tmp_path_factory, plain_cells):
@@ -70,12 +74,6 @@ def test_draft_model_sampled_distribution_equals_plain(tiny_llama_dir, tmp_path_
     from radixlm.testing import build_tiny_model
 
     draft = build_tiny_model(tmp_path_factory.mktemp("tiny_draft_q"), "llama", seed=5)
-    with Engine(str(tiny_llama_dir), max_total_tokens=1 << 16, max_running_requests=512,
-                speculative_algorithm="STANDALONE", speculative_draft_model_path=str(draft),
-                speculative_num_draft_tokens=2, speculative_min_acceptance=0.0) as eng:
-        cells = _cells(eng, 30_000)
-        stats = eng.scheduler.spec.stats
-        assert stats.num_accepted > N // 10 and stats.num_proposed - stats.num_accepted > N // 2
-        eng.check_integrity()
-    stat, df = two_sample_stat(cells, plain_cells, 27)
-    assert stat < chi_square_critical(df), (stat, df)
+    _assert_spec_matches_plain(tiny_llama_dir, plain_cells, 30_000, speculative_algorithm="STANDALONE",
+                               speculative_draft_model_path=str(draft), speculative_num_draft_tokens=2,
+                               speculative_min_acceptance=0.0)

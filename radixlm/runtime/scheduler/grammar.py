@@ -88,7 +88,8 @@ class GrammarManager:
     def _with_unique_items(self, req: Req, compiled):
         """The compiled grammar, wrapped so that `uniqueItems` on free values is enforced while generating
         (unique_items.py) when the request's schema asks for it. One wrapper per schema text (LRU)."""
-        from radixlm.constrained.unique_items import UniqueItemsGrammar, wants_unique_items
+        from radixlm.constrained.unique_items import TokenTable, UniqueItemsGrammar, wants_unique_items
+        from radixlm.constrained.vocabulary import token_bytes_for
 
         kind, spec = grammar_spec(req.params)
         if kind != "json_schema" or not wants_unique_items(spec):
@@ -96,9 +97,6 @@ class GrammarManager:
         key = f"{id(compiled)}:{spec}"
         if key not in self._unique:
             if self._unique_table is None:
-                from radixlm.constrained.unique_items import TokenTable
-                from radixlm.constrained.vocabulary import token_bytes_for
-
                 self._unique_table = TokenTable.build(token_bytes_for(self.tokenizer))
             self._unique[key] = UniqueItemsGrammar(compiled, json.loads(spec), self._unique_table, self.vocab_size)
             while len(self._unique) > _MAX_UNIQUE_GRAMMARS:
