@@ -9,22 +9,31 @@ import torch
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.model import model_runner
 from radixlm.runtime.model.layout_probe import probe_layout
+from radixlm.runtime.model.weight_layout import packed_available
 
 
-def test_no_probe_for_one_thread_or_a_tiny_model():
-    assert probe_layout(576, 1536, 30, 1) is None  # one thread: the static rule (column)
+def test_no_probe_for_a_tiny_model():
     assert probe_layout(64, 128, 2, 2) is None  # a test checkpoint: nothing to gain
+    assert probe_layout(64, 128, 2, 1) is None
+
+
+def test_one_thread_probes_only_with_onednn():
+    picked = probe_layout(512, 1536, 8, 1)
+    if packed_available():
+        assert picked in {("column", 1), ("packed", 1)}
+    else:
+        assert picked is None  # one thread without oneDNN: the static rule (column)
 
 
 def test_probe_picks_a_measured_candidate_and_restores_threads():
     before = torch.get_num_threads()
     picked = probe_layout(512, 1536, 8, 2)  # ~90 MB of fp32 weights
-    assert picked in {("blocks", 2), ("column", 2), ("column", 1)}
+    assert picked in {("blocks", 2), ("column", 2), ("packed", 2)}
     assert torch.get_num_threads() == before
     assert probe_layout(512, 1536, 8, 2) == picked  # once per process
 
 
-@pytest.mark.parametrize("picked", [("column", 1), ("column", 2), ("blocks", 2)])
+@pytest.mark.parametrize("picked", [("column", 1), ("column", 2), ("blocks", 2), ("packed", 2)])
 def test_runner_takes_the_measured_layout(tiny_llama_dir, monkeypatch, picked):
     monkeypatch.setattr(model_runner, "probe_layout", lambda *args: picked)
     with Engine(str(tiny_llama_dir), num_threads=2) as engine:

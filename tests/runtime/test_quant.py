@@ -22,6 +22,7 @@ from radixlm.runtime.model.quant.kernels import (
     with_dense,
 )
 from radixlm.runtime.model.quant.setup import resolve_cpu_dtype
+from radixlm.runtime.model.weight_layout import apply_weight_layout, packed_available
 
 BF16_EPS = 2.0 ** -8  # relative rounding of a bf16 value
 
@@ -236,3 +237,36 @@ def test_int8_keeps_the_first_layers_dense():
             assert torch.equal(got, want[i])  # untouched: the model dtype's own matmul
         else:
             torch.testing.assert_close(got, want[i], rtol=0.05, atol=0.25)  # int8 weights, bf16 activations
+
+
+@pytest.mark.skipif(not packed_available(), reason="this torch has no oneDNN prepacked linear")
+@pytest.mark.parametrize("tie", [True, False])
+def test_int8_on_the_packed_layout(tie):
+    """The packed layout (oneDNN tensors, not Parameters) under int8: the first layers stay packed, the rest
+    are quantized from the packed values, the LM head stays packed (an untied one without its dense copy)."""
+    import transformers
+
+    from radixlm.runtime.model.quant.apply import quantize_model, weight_bytes
+    from radixlm.runtime.model.quant.kernels import Int8Weight
+    from radixlm.runtime.model.registry import build_model
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=30,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=tie)
+    cfg.architectures = ["LlamaForCausalLM"]
+    model = build_model(cfg, 64)
+    for p in model.parameters():
+        p.data.normal_()
+    x = torch.randn(3, 32)
+    want = [F.linear(x, layer.gate_up_weight) for layer in model.layers[:3]]
+    head = (model.embed_tokens if tie else model.lm_head).data.clone()
+    before = weight_bytes(model)
+    apply_weight_layout(model, "packed", 2)
+    assert weight_bytes(model) == before + (head.nbytes if tie else 0)  # a tied head gets a packed copy
+    quantize_model(model, "int8")
+    for i, layer in enumerate(model.layers[:3]):
+        w = layer.gate_up_weight
+        assert w.is_mkldnn if i < 2 else isinstance(w, Int8Weight)
+        torch.testing.assert_close(layer.linear(x, w), want[i], rtol=0.05, atol=0.25)
+    assert model.lm_head is None and model.lm_head_matmul.is_mkldnn
+    torch.testing.assert_close(model.linear(x, model.lm_head_matmul), F.linear(x, head), rtol=1e-5, atol=1e-5)

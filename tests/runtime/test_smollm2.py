@@ -46,6 +46,8 @@ def hf_outputs(model_dir, prompts):
 @pytest.mark.parametrize("options", [
     {},
     {"chunked_prefill_size": 16, "max_total_tokens": 80},  # chunking, and a pool small enough to retract
+    {"weight_layout": "packed"},  # oneDNN's prepacked weights at every row count (auto's pick on some CPUs)
+    {"weight_layout": "blocks"},
 ])
 def test_greedy_matches_transformers(model_dir, prompts, hf_outputs, options):
     with Engine(str(model_dir), **{"max_total_tokens": 8192, **options}) as engine:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.model.weight_layout import (as_blocks, block_count, blocked_linear, column_major,
-                                                 resolve_layout)
+from radixlm.runtime.model.weight_layout import (as_blocks, block_count, blocked_linear, column_major, pack,
+                                                 packed_available, packed_linear, resolve_layout)
 from radixlm.testing import hf_greedy_ids
 
 PROMPTS = ["Paris", "The quick brown fox jumps over the lazy dog", "1 2 3 4 5 6 7 8"]
@@ -52,17 +52,38 @@ def test_blocked_linear_equals_linear(m, with_bias):
     torch.testing.assert_close(blocked_linear(x, as_blocks(odd, 2)), F.linear(x, odd))
 
 
+needs_onednn = pytest.mark.skipif(not packed_available(), reason="this torch has no oneDNN prepacked linear")
+
+
+@needs_onednn
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 200])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_equals_linear(m, with_bias):
+    g = torch.Generator().manual_seed(m)
+    w, x = torch.randn(24, 10, generator=g), torch.randn(m, 10, generator=g)
+    bias = torch.randn(24, generator=g) if with_bias else None
+    packed = pack(w)
+    assert packed.is_mkldnn and packed.shape == w.shape and torch.equal(packed.to_dense(), w)
+    torch.testing.assert_close(packed_linear(x, packed, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    wide = torch.randn(m, 20, generator=g)[:, :10]  # a strided input (a column slice)
+    torch.testing.assert_close(packed_linear(wide, packed), F.linear(wide, w), rtol=1e-5, atol=1e-5)
+    assert packed_linear(x, w) is not None  # a plain weight (an unpacked part) goes to F.linear
+
+
 def test_resolve_layout():
     assert resolve_layout("auto", CPU, torch.float32, 2) == "blocks"
     assert resolve_layout("auto", CPU, torch.float32, 1) == "column"
     assert resolve_layout("column", CPU, torch.float32, 4) == "column"
+    assert resolve_layout("packed", CPU, torch.float32, 2) == ("packed" if packed_available() else "blocks")
     assert resolve_layout("blocks", CPU, torch.bfloat16, 4) == "row"  # measured for fp32 only
     assert resolve_layout("auto", torch.device("cuda"), torch.float32, 2) == "row"
     with pytest.raises(ValueError, match="weight_layout"):
         resolve_layout("columns", CPU, torch.float32, 2)
 
 
-@pytest.mark.parametrize("layout,threads", [("auto", 2), ("auto", 1), ("row", 2), ("column", 2), ("blocks", 1)])
+@pytest.mark.parametrize("layout,threads", [("auto", 2), ("auto", 1), ("row", 2), ("column", 2), ("blocks", 1),
+                                            pytest.param("packed", 2, marks=needs_onednn),
+                                            pytest.param("packed", 1, marks=needs_onednn)])
 def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, threads):
     with Engine(str(tiny_llama_dir), weight_layout=layout, num_threads=threads) as engine:
         model = engine.runner.model
@@ -73,6 +94,11 @@ def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, thread
             assert layer.self_attn.qkv_weight.dim() == 3 and layer.down_weight.dim() == 3
             assert layer.linear is blocked_linear and model.linear is blocked_linear
             assert model.lm_head_matmul is not None and model.lm_head_single_row is None
+        elif chosen == "packed":
+            assert layer.self_attn.qkv_weight.is_mkldnn and layer.down_weight.is_mkldnn
+            assert layer.linear is packed_linear and model.linear is packed_linear
+            assert model.lm_head_matmul.is_mkldnn and model.lm_head_single_row is None
+            assert engine.runner.threads.small == threads  # oneDNN threads every step
         elif chosen == "column":
             assert _is_column_major(layer.self_attn.qkv_weight) and _is_column_major(layer.gate_up_weight)
             assert layer.down_weight.is_contiguous()  # measured faster row-major

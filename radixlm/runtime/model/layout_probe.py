@@ -7,8 +7,12 @@ Why measure: weight_layout.py's static rule (blocks with >= 2 threads) was measu
 Xeon (AVX-512, AMX) MKL threads the GEMV itself and the blocks layout is the slowest of the three: batch-1
 decode of SmolLM2 ran 2.4x faster with the column layout on both threads (docs/benchmarks.md, "CPU
 speed"). The issue is the machine, not the model, so `auto` times the candidates on weights of the
-model's own shapes (enough layers' worth to leave the caches) and keeps the fastest. Batch-1 decode is
-where CPU serving with few requests spends its time, so one-row passes decide.
+model's own shapes (enough layers' worth to leave the caches) and keeps the fastest. A candidate's score
+is a one-row pass plus a FEW_ROWS pass: batch-1 decode is where CPU serving with few requests spends its
+time, and steps of a few rows (a few requests decoding, speculative verify rows) come next; a layout that
+wins one row narrowly but doubles the few-row time (column on the AMD EPYC of session 25: 7.7 vs 6.2 ms
+at one row, 13-25 vs 7-11 ms at 2-16 rows for packed) loses. The "packed" layout (oneDNN) is a candidate
+where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs).
 """
 
 from __future__ import annotations
@@ -19,37 +23,55 @@ import time
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.model.weight_layout import as_blocks, blocked_linear, column_major
+from radixlm.runtime.model.weight_layout import (as_blocks, blocked_linear, column_major, pack, packed_available,
+                                                 packed_linear)
 
 PROBE_BYTES = 96 << 20  # weights per pass: past a 2-core VM's share of the caches
 MIN_MODEL_BYTES = 32 << 20  # smaller models (test checkpoints) keep the static rule: nothing to gain
 ROUNDS = 4  # candidates interleaved per round; the minimum per candidate is kept (noise only adds time)
+FEW_ROWS = 8  # the second pass of the score (see the module docstring)
 
 
 @functools.lru_cache(maxsize=8)
 def probe_layout(hidden: int, intermediate: int, num_layers: int, threads: int) -> tuple[str, int] | None:
-    """(layout, threads for small steps) with the fastest one-row pass over the model's layer weights, or
-    None where nothing is measured (one thread, or a model too small for the layout to matter)."""
+    """(layout, threads for small steps) with the fastest one-row plus FEW_ROWS-row passes over the model's
+    layer weights, or None where nothing is measured (a model too small for the layout to matter, or one
+    thread without oneDNN: nothing to choose)."""
     per_layer = (2 * hidden * hidden + 3 * hidden * intermediate) * 4  # ~qkv + o, gate/up, down (fp32)
-    if threads < 2 or per_layer * num_layers < MIN_MODEL_BYTES:
+    if per_layer * num_layers < MIN_MODEL_BYTES or (threads < 2 and not packed_available()):
         return None
     layers = max(1, min(num_layers, PROBE_BYTES // per_layer))
     rows = [torch.full((out, inp), 0.01) for _ in range(layers)  # values do not change the time
             for out, inp in ((hidden, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate))]
-    column = [column_major(w) if w.shape[1] == hidden else w for w in rows]  # down stays row-major there
-    blocks = [as_blocks(w, threads) for w in rows]
-    candidates = {("blocks", threads): (blocked_linear, blocks), ("column", threads): (F.linear, column),
-                  ("column", threads - 1): (F.linear, column)}
-    x = {hidden: torch.full((1, hidden), 0.5), intermediate: torch.full((1, intermediate), 0.5)}
-    best = {key: float("inf") for key in candidates}
+    candidates = _candidates(rows, hidden, threads)
+    x = {(k, m): torch.full((m, k), 0.5) for k in (hidden, intermediate) for m in (1, FEW_ROWS)}
+    best = {key: [float("inf")] * 2 for key in candidates}
+    before = torch.get_num_threads()
     try:
         for _ in range(ROUNDS):
             for (layout, small), (linear, weights) in candidates.items():
                 torch.set_num_threads(small)
-                t0 = time.perf_counter()
-                for w in weights:
-                    linear(x[w.shape[-1]], w)
-                best[(layout, small)] = min(best[(layout, small)], time.perf_counter() - t0)
+                for i, m in enumerate((1, FEW_ROWS)):
+                    t0 = time.perf_counter()
+                    for w, w0 in zip(weights, rows):
+                        linear(x[w0.shape[1], m], w)
+                    best[(layout, small)][i] = min(best[(layout, small)][i], time.perf_counter() - t0)
     finally:
-        torch.set_num_threads(threads)
-    return min(best, key=best.__getitem__)
+        torch.set_num_threads(before)
+    return min(best, key=lambda key: sum(best[key]))
+
+
+def _candidates(rows: list[torch.Tensor], hidden: int, threads: int) -> dict:
+    """(layout, small-step threads) -> (linear, the weights in that layout)."""
+    out = {}
+    if threads >= 2:
+        column = [column_major(w) if w.shape[1] == hidden else w for w in rows]  # down stays row-major there
+        blocks = [as_blocks(w, threads) for w in rows]
+        out = {("blocks", threads): (blocked_linear, blocks), ("column", threads): (F.linear, column),
+               ("column", threads - 1): (F.linear, column)}
+    else:
+        out = {("column", 1): (F.linear, [column_major(w) if w.shape[1] == hidden else w for w in rows])}
+    if packed_available():
+        # oneDNN threads every step, few rows too (as the blocks do): one thread count, no switching
+        out[("packed", threads)] = (packed_linear, [pack(w) for w in rows])
+    return out

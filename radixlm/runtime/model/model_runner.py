@@ -73,7 +73,7 @@ class StepThreads:
     (SmolLM2): batch 1-16 decode ran as fast or faster with 1 thread than with 2. So with that layout
     steps below SMALL_STEP_TOKENS tokens use `small` threads (num_threads - 1 on 2-8 cores) and the rest
     use `full`. The blocks layout multiplies row blocks on every thread, which pays at any size, so
-    there small = full. Switching costs < 1 us."""
+    there small = full, and likewise oneDNN's inner product (the packed layout). Switching costs < 1 us."""
 
     SMALL_STEP_TOKENS = 32
 
@@ -92,7 +92,7 @@ class StepThreads:
         elif measured is not None:
             small = measured
         else:
-            small = full - 1 if 2 <= full <= 8 and layout != "blocks" else full
+            small = full - 1 if 2 <= full <= 8 and layout not in ("blocks", "packed") else full
         if full < 1 or small < 1:
             raise ValueError("num_threads and small_step_threads must be >= 1")
         return cls(full, small)

@@ -28,8 +28,18 @@ With one thread the column-major GEMV is fastest at one row, where CPU serving w
 its time, so:
 
     auto: fp32 on the CPU -> blocks with >= 2 threads, column with 1; anything else -> row (loaded as is).
+          (model_runner then lets layout_probe.py measure the candidates on the machine and keeps the fastest.)
     column: q/k/v, o and gate/up stored column-major (down measured faster row-major and stays), and a
             column-major copy of the LM head for single-row logits (+vocab x hidden x 4 bytes).
+    packed: every matmul weight (the LM head too, a copy for a tied embedding) reordered once into oneDNN's
+            blocked format and multiplied by oneDNN's inner product (`mkldnn::_linear_pointwise`, what
+            inductor's weight prepacking uses) at every row count.
+
+Why "packed": torch's fp32 F.linear calls MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
+AVX-512 (Zen 4/5); oneDNN dispatches on the ISA itself. On the 2-core AMD EPYC (Zen 5, AVX-512) of
+session 25, 1 thread, ms per pass over 12 layers' weights: M=1 column 7.7 / packed 6.2, M=2 13.2 / 6.7,
+M=5 18.9 / 7.0, M=16 24.8 / 11.2, M=128 125 / 55; prefill (M=512, 2048) 95 vs 217 GFLOPS
+(docs/benchmarks.md, "Few-row fp32 matmuls"; benchmarks/small_m_linear.py).
 
 Each layout keeps the logical [out, in] products, so only the `linear` function of the modules changes.
 """
@@ -40,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-LAYOUTS = ("auto", "row", "column", "blocks")
+LAYOUTS = ("auto", "row", "column", "blocks", "packed")
 
 
 def resolve_layout(layout: str, device: torch.device, dtype: torch.dtype, threads: int) -> str:
@@ -49,7 +59,7 @@ def resolve_layout(layout: str, device: torch.device, dtype: torch.dtype, thread
         raise ValueError(f"weight_layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
     if device.type != "cpu" or dtype != torch.float32:
         return "row"  # measured only for fp32 on CPU; GPUs and bf16 keep the loaded layout
-    if layout == "auto":
+    if layout == "auto" or (layout == "packed" and not packed_available()):
         return "blocks" if threads >= 2 else "column"
     return layout
 
@@ -96,11 +106,54 @@ def blocked_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     return y if bias is None else y.add_(bias)
 
 
+def packed_available() -> bool:
+    """Whether this torch build has oneDNN's prepacked fp32 linear (the "packed" layout)."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """[out, in] fp32 -> oneDNN's reordered weight (an opaque `torch._mkldnn` tensor of the same shape)."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+
+
+def packed_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) for W from `pack` (any row count, x [..., in] fp32); a plain W goes to F.linear."""
+    if not w.is_mkldnn:
+        return F.linear(x, w, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+
+
+def dense_weight(w: torch.Tensor) -> torch.Tensor:
+    """The logical [out, in] matrix of a weight in any layout (blocks view: [p, out/p, in]; packed)."""
+    if w.is_mkldnn:
+        return w.to_dense()
+    return w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
+
+
+def _apply_packed(model: nn.Module, head: torch.Tensor) -> None:
+    for layer in model.layers:
+        attn = layer.self_attn
+        for owner, name in ((attn, "qkv_weight"), (attn, "o_weight"), (layer, "gate_up_weight"),
+                            (layer, "down_weight")):
+            packed = pack(getattr(owner, name).data)
+            del owner._parameters[name]  # a plain attribute now: an nn.Parameter cannot hold an mkldnn tensor
+            setattr(owner, name, packed)
+        layer.linear = attn.linear = packed_linear
+    model.linear = packed_linear
+    model.lm_head_matmul = pack(head.data)  # a copy: the embedding lookup keeps `head`
+    if model.lm_head is not None:  # an untied head is used only as a matmul: drop the dense copy
+        model.lm_head = None
+
+
 def apply_weight_layout(model: nn.Module, layout: str, threads: int) -> None:
     """Re-store the model's matmul weights in a resolved layout (see the module docstring); in place."""
     if layout == "row":
         return
     head = model.embed_tokens if model.lm_head is None else model.lm_head
+    if layout == "packed":
+        _apply_packed(model, head)
+        return
     if layout == "column":
         for layer in model.layers:
             attn = layer.self_attn

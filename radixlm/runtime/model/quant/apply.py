@@ -88,7 +88,10 @@ def _quantizer(mode: str) -> Callable[[torch.Tensor], object]:
 
 
 def _as_matrix(w: torch.Tensor) -> torch.Tensor:
-    """The logical [out, in] matrix of a weight in any layout (a blocks view is [p, out/p, in])."""
+    """The logical [out, in] matrix of a weight in any layout (a blocks view is [p, out/p, in]; the packed
+    layout's oneDNN tensor is opaque)."""
+    if w.is_mkldnn:
+        return w.to_dense()
     return w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
 
 
@@ -121,7 +124,7 @@ def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None
                 weight = quantize(_as_matrix(getattr(owner, attr).data))
             if dense:
                 weight = with_dense(weight)
-            del owner._parameters[attr]  # a plain attribute now: the module's `linear` knows its format
+            owner._parameters.pop(attr, None)  # a plain attribute, which `linear` knows (packed: one already)
             setattr(owner, attr, weight)
         layer.linear = layer.self_attn.linear = quant_linear
     if not QUANTIZE_LM_HEAD[mode]:
@@ -131,7 +134,9 @@ def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None
     exact += head is not None
     if head is None:
         dense = model.embed_tokens if model.lm_head is None else model.lm_head
-        head = quantize(dense.data)
+        if model.lm_head_matmul is not None:  # the weight layout's form (the packed layout drops lm_head)
+            dense = model.lm_head_matmul
+        head = quantize(_as_matrix(dense.data))
     model.lm_head_matmul, model.lm_head_single_row, model.linear = head, None, quant_linear
     if model.lm_head is not None:  # an untied head is used only as a matmul: drop the dense copy
         model.lm_head = None
@@ -146,6 +151,8 @@ def weight_bytes(model: nn.Module) -> int:
             nbytes = getattr(value, "nbytes", None)
             if callable(nbytes):
                 total += nbytes()
+            elif isinstance(value, torch.Tensor) and value.is_mkldnn:  # the packed layout's weights
+                total += value.nbytes
     return total
 
 
