@@ -33,7 +33,8 @@ def test_probe_picks_a_measured_candidate_and_restores_threads():
     assert probe_layout(512, 1536, 8, 2) == picked  # once per process
 
 
-@pytest.mark.parametrize("picked", [("column", 1), ("column", 2), ("blocks", 2), ("packed", 2)])
+@pytest.mark.parametrize("picked", [("column", 1), ("column", 2), ("blocks", 2), ("packed", 2),
+                                    ("packed_blocks", 2)])
 def test_runner_takes_the_measured_layout(tiny_llama_dir, monkeypatch, picked):
     monkeypatch.setattr(model_runner, "probe_layout", lambda *args: picked)
     with Engine(str(tiny_llama_dir), num_threads=2) as engine:

@@ -241,7 +241,8 @@ def test_int8_keeps_the_first_layers_dense():
 
 @pytest.mark.skipif(not packed_available(), reason="this torch has no oneDNN prepacked linear")
 @pytest.mark.parametrize("tie", [True, False])
-def test_int8_on_the_packed_layout(tie):
+@pytest.mark.parametrize("layout", ["packed", "packed_blocks"])
+def test_int8_on_the_packed_layout(tie, layout):
     """The packed layout (oneDNN tensors, not Parameters) under int8: the first layers stay packed, the rest
     are quantized from the packed values, the LM head stays packed (an untied one without its dense copy)."""
     import transformers
@@ -261,12 +262,15 @@ def test_int8_on_the_packed_layout(tie):
     want = [F.linear(x, layer.gate_up_weight) for layer in model.layers[:3]]
     head = (model.embed_tokens if tie else model.lm_head).data.clone()
     before = weight_bytes(model)
-    apply_weight_layout(model, "packed", 2)
-    assert weight_bytes(model) == before + (head.nbytes if tie else 0)  # a tied head gets a packed copy
+    apply_weight_layout(model, layout, 2)
+    if layout == "packed":
+        assert weight_bytes(model) == before + (head.nbytes if tie else 0)  # a tied head gets a packed copy
     quantize_model(model, "int8")
     for i, layer in enumerate(model.layers[:3]):
         w = layer.gate_up_weight
-        assert w.is_mkldnn if i < 2 else isinstance(w, Int8Weight)
+        assert getattr(w, "packed", w).is_mkldnn if i < 2 else isinstance(w, Int8Weight)
+        x1 = x[:1]  # one row: packed_blocks' blocks view
+        torch.testing.assert_close(layer.linear(x1, w), want[i][:1], rtol=0.05, atol=0.25)
         torch.testing.assert_close(layer.linear(x, w), want[i], rtol=0.05, atol=0.25)
     assert model.lm_head is None and model.lm_head_matmul.is_mkldnn
     torch.testing.assert_close(model.linear(x, model.lm_head_matmul), F.linear(x, head), rtol=1e-5, atol=1e-5)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.model.weight_layout import (as_blocks, block_count, blocked_linear, column_major, pack,
-                                                 packed_available, packed_linear, resolve_layout)
+from radixlm.runtime.model.weight_layout import (PackedRows, as_blocks, block_count, blocked_linear, column_major,
+                                                 pack, packed_available, packed_linear, resolve_layout)
 from radixlm.testing import hf_greedy_ids
 
 PROMPTS = ["Paris", "The quick brown fox jumps over the lazy dog", "1 2 3 4 5 6 7 8"]
@@ -67,7 +67,10 @@ def test_packed_linear_equals_linear(m, with_bias):
     torch.testing.assert_close(packed_linear(x, packed, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
     wide = torch.randn(m, 20, generator=g)[:, :10]  # a strided input (a column slice)
     torch.testing.assert_close(packed_linear(wide, packed), F.linear(wide, w), rtol=1e-5, atol=1e-5)
-    assert packed_linear(x, w) is not None  # a plain weight (an unpacked part) goes to F.linear
+    assert torch.equal(packed_linear(x, w), F.linear(x, w))  # a plain weight (an unpacked part): F.linear
+    both = PackedRows(packed, as_blocks(w, 2))  # packed_blocks: one row through the blocks, more packed
+    want = blocked_linear(x, both.rows, bias) if m == 1 else packed_linear(x, packed, bias)
+    assert torch.equal(packed_linear(x, both, bias), want)
 
 
 def test_resolve_layout():
@@ -83,7 +86,8 @@ def test_resolve_layout():
 
 @pytest.mark.parametrize("layout,threads", [("auto", 2), ("auto", 1), ("row", 2), ("column", 2), ("blocks", 1),
                                             pytest.param("packed", 2, marks=needs_onednn),
-                                            pytest.param("packed", 1, marks=needs_onednn)])
+                                            pytest.param("packed", 1, marks=needs_onednn),
+                                            pytest.param("packed_blocks", 2, marks=needs_onednn)])
 def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, threads):
     with Engine(str(tiny_llama_dir), weight_layout=layout, num_threads=threads) as engine:
         model = engine.runner.model
@@ -94,6 +98,10 @@ def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, thread
             assert layer.self_attn.qkv_weight.dim() == 3 and layer.down_weight.dim() == 3
             assert layer.linear is blocked_linear and model.linear is blocked_linear
             assert model.lm_head_matmul is not None and model.lm_head_single_row is None
+        elif chosen == "packed_blocks":  # packed, and the blocks view for one-row steps
+            for w in (layer.self_attn.qkv_weight, layer.down_weight):
+                assert isinstance(w, PackedRows) and w.packed.is_mkldnn and w.rows.dim() == 3
+            assert layer.linear is packed_linear and model.lm_head_matmul.is_mkldnn
         elif chosen == "packed":
             assert layer.self_attn.qkv_weight.is_mkldnn and layer.down_weight.is_mkldnn
             assert layer.linear is packed_linear and model.linear is packed_linear

@@ -12,7 +12,9 @@ is a one-row pass plus a FEW_ROWS pass: batch-1 decode is where CPU serving with
 time, and steps of a few rows (a few requests decoding, speculative verify rows) come next; a layout that
 wins one row narrowly but doubles the few-row time (column on the AMD EPYC of session 25: 7.7 vs 6.2 ms
 at one row, 13-25 vs 7-11 ms at 2-16 rows for packed) loses. The "packed" layout (oneDNN) is a candidate
-where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs).
+where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs), and with >= 2
+threads "packed_blocks" (the blocks' one-row pass with packed's few-row pass, where its second copy of the
+weights fits: weight_layout.rows_copy_fits).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.model.weight_layout import (as_blocks, blocked_linear, column_major, pack, packed_available,
-                                                 packed_linear)
+                                                 packed_linear, rows_copy_fits)
 
 PROBE_BYTES = 96 << 20  # weights per pass: past a 2-core VM's share of the caches
 MIN_MODEL_BYTES = 32 << 20  # smaller models (test checkpoints) keep the static rule: nothing to gain
@@ -58,6 +60,9 @@ def probe_layout(hidden: int, intermediate: int, num_layers: int, threads: int) 
                     best[(layout, small)][i] = min(best[(layout, small)][i], time.perf_counter() - t0)
     finally:
         torch.set_num_threads(before)
+    if ("packed", threads) in best and ("blocks", threads) in best and rows_copy_fits(per_layer * num_layers):
+        # packed_blocks runs one-row steps in the blocks and the rest packed: its passes are theirs
+        best[("packed_blocks", threads)] = [best[("blocks", threads)][0], best[("packed", threads)][1]]
     return min(best, key=lambda key: sum(best[key]))
 
 
@@ -72,6 +77,6 @@ def _candidates(rows: list[torch.Tensor], hidden: int, threads: int) -> dict:
     else:
         out = {("column", 1): (F.linear, [column_major(w) if w.shape[1] == hidden else w for w in rows])}
     if packed_available():
-        # oneDNN threads every step, few rows too (as the blocks do): one thread count, no switching
-        out[("packed", threads)] = (packed_linear, [pack(w) for w in rows])
+        packed = [pack(w) for w in rows]
+        out.update({("packed", n): (packed_linear, packed) for n in {threads, max(1, threads - 1)}})
     return out

@@ -34,23 +34,30 @@ its time, so:
     packed: every matmul weight (the LM head too, a copy for a tied embedding) reordered once into oneDNN's
             blocked format and multiplied by oneDNN's inner product (`mkldnn::_linear_pointwise`, what
             inductor's weight prepacking uses) at every row count.
+    packed_blocks: packed, plus the blocks view of the row-major layer weights for one-row steps (a second
+            copy of the layers' weights: only where that is <= 1/8 of the RAM, rows_copy_fits).
 
 Why "packed": torch's fp32 F.linear calls MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
 AVX-512 (Zen 4/5); oneDNN dispatches on the ISA itself. On the 2-core AMD EPYC (Zen 5, AVX-512) of
 session 25, 1 thread, ms per pass over 12 layers' weights: M=1 column 7.7 / packed 6.2, M=2 13.2 / 6.7,
 M=5 18.9 / 7.0, M=16 24.8 / 11.2, M=128 125 / 55; prefill (M=512, 2048) 95 vs 217 GFLOPS
-(docs/benchmarks.md, "Few-row fp32 matmuls"; benchmarks/small_m_linear.py).
+(docs/benchmarks.md, "Few-row fp32 matmuls"; benchmarks/small_m_linear.py). With 2 threads the blocks
+still stream one row faster (ms per layer at M=1: gate/up 1.59 vs 1.98, down 0.62 vs 0.76, q/k/v 0.40 vs
+0.45), and lose from 2 rows on: hence packed_blocks, which layout_probe.py weighs against the others.
 
 Each layout keeps the logical [out, in] products, so only the `linear` function of the modules changes.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-LAYOUTS = ("auto", "row", "column", "blocks", "packed")
+LAYOUTS = ("auto", "row", "column", "blocks", "packed", "packed_blocks")
 
 
 def resolve_layout(layout: str, device: torch.device, dtype: torch.dtype, threads: int) -> str:
@@ -59,7 +66,7 @@ def resolve_layout(layout: str, device: torch.device, dtype: torch.dtype, thread
         raise ValueError(f"weight_layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
     if device.type != "cpu" or dtype != torch.float32:
         return "row"  # measured only for fp32 on CPU; GPUs and bf16 keep the loaded layout
-    if layout == "auto" or (layout == "packed" and not packed_available()):
+    if layout == "auto" or (layout.startswith("packed") and not packed_available()):
         return "blocks" if threads >= 2 else "column"
     return layout
 
@@ -117,30 +124,54 @@ def pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
 
 
-def packed_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, W, bias) for W from `pack` (any row count, x [..., in] fp32); a plain W goes to F.linear."""
+@dataclass(frozen=True, eq=False)
+class PackedRows:
+    """The packed_blocks layout's weight: oneDNN's packed copy for steps of several rows, and the blocks view
+    of the row-major matrix for one-row steps (measured faster there with >= 2 threads)."""
+
+    packed: torch.Tensor
+    rows: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.packed.shape
+
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.rows.nbytes
+
+
+def packed_linear(x: torch.Tensor, w: torch.Tensor | PackedRows, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) for W from `pack` or a PackedRows (any row count, x [..., in] fp32); a plain W
+    goes to F.linear."""
+    if isinstance(w, PackedRows):
+        if x.dim() == 2 and x.shape[0] == 1:
+            return blocked_linear(x, w.rows, bias)
+        w = w.packed
     if not w.is_mkldnn:
         return F.linear(x, w, bias)
     return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
 
-def dense_weight(w: torch.Tensor) -> torch.Tensor:
-    """The logical [out, in] matrix of a weight in any layout (blocks view: [p, out/p, in]; packed)."""
-    if w.is_mkldnn:
-        return w.to_dense()
-    return w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
+def rows_copy_fits(nbytes: int) -> bool:
+    """Whether keeping a second copy of `nbytes` of weights (packed_blocks) is cheap: <= 1/8 of the RAM."""
+    return nbytes * 8 <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _apply_packed(model: nn.Module, head: torch.Tensor) -> None:
+def _apply_packed(model: nn.Module, head: torch.Tensor, one_row_blocks: int) -> None:
+    """one_row_blocks: 0 for "packed"; else the threads of the blocks view kept for one-row steps."""
     for layer in model.layers:
         attn = layer.self_attn
         for owner, name in ((attn, "qkv_weight"), (attn, "o_weight"), (layer, "gate_up_weight"),
                             (layer, "down_weight")):
-            packed = pack(getattr(owner, name).data)
+            dense = getattr(owner, name).data
+            packed = pack(dense)
+            if one_row_blocks:
+                packed = PackedRows(packed, as_blocks(dense, one_row_blocks))
             del owner._parameters[name]  # a plain attribute now: an nn.Parameter cannot hold an mkldnn tensor
             setattr(owner, name, packed)
         layer.linear = attn.linear = packed_linear
     model.linear = packed_linear
+    # The head's one-row pass measured the same packed as in blocks (2 threads): packed only.
     model.lm_head_matmul = pack(head.data)  # a copy: the embedding lookup keeps `head`
     if model.lm_head is not None:  # an untied head is used only as a matmul: drop the dense copy
         model.lm_head = None
@@ -151,8 +182,8 @@ def apply_weight_layout(model: nn.Module, layout: str, threads: int) -> None:
     if layout == "row":
         return
     head = model.embed_tokens if model.lm_head is None else model.lm_head
-    if layout == "packed":
-        _apply_packed(model, head)
+    if layout in ("packed", "packed_blocks"):
+        _apply_packed(model, head, threads if layout == "packed_blocks" else 0)
         return
     if layout == "column":
         for layer in model.layers:

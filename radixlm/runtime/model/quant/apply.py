@@ -89,7 +89,8 @@ def _quantizer(mode: str) -> Callable[[torch.Tensor], object]:
 
 def _as_matrix(w: torch.Tensor) -> torch.Tensor:
     """The logical [out, in] matrix of a weight in any layout (a blocks view is [p, out/p, in]; the packed
-    layout's oneDNN tensor is opaque)."""
+    layout's oneDNN tensor is opaque; packed_blocks holds one and a blocks view)."""
+    w = getattr(w, "packed", w)
     if w.is_mkldnn:
         return w.to_dense()
     return w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
@@ -121,7 +122,7 @@ def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None
             weight = _from_source(names, source) if source else None
             exact += weight is not None
             if weight is None:
-                weight = quantize(_as_matrix(getattr(owner, attr).data))
+                weight = quantize(_as_matrix(getattr(owner, attr)))
             if dense:
                 weight = with_dense(weight)
             owner._parameters.pop(attr, None)  # a plain attribute, which `linear` knows (packed: one already)
@@ -136,7 +137,7 @@ def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None
         dense = model.embed_tokens if model.lm_head is None else model.lm_head
         if model.lm_head_matmul is not None:  # the weight layout's form (the packed layout drops lm_head)
             dense = model.lm_head_matmul
-        head = quantize(_as_matrix(dense.data))
+        head = quantize(_as_matrix(dense))
     model.lm_head_matmul, model.lm_head_single_row, model.linear = head, None, quant_linear
     if model.lm_head is not None:  # an untied head is used only as a matmul: drop the dense copy
         model.lm_head = None
