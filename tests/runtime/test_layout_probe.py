@@ -20,7 +20,7 @@ def test_no_probe_for_a_tiny_model():
 def test_one_thread_probes_only_with_onednn():
     picked = probe_layout(512, 1536, 8, 1)
     if packed_available():
-        assert picked in {("column", 1), ("packed", 1)}
+        assert picked in {("column", 1), ("packed", 1), ("packed_blocks", 1)}
     else:
         assert picked is None  # one thread without oneDNN: the static rule (column)
 

@@ -87,7 +87,8 @@ def test_resolve_layout():
 @pytest.mark.parametrize("layout,threads", [("auto", 2), ("auto", 1), ("row", 2), ("column", 2), ("blocks", 1),
                                             pytest.param("packed", 2, marks=needs_onednn),
                                             pytest.param("packed", 1, marks=needs_onednn),
-                                            pytest.param("packed_blocks", 2, marks=needs_onednn)])
+                                            pytest.param("packed_blocks", 2, marks=needs_onednn),
+                                            pytest.param("packed_blocks", 1, marks=needs_onednn)])
 def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, threads):
     with Engine(str(tiny_llama_dir), weight_layout=layout, num_threads=threads) as engine:
         model = engine.runner.model

@@ -12,9 +12,9 @@ is a one-row pass plus a FEW_ROWS pass: batch-1 decode is where CPU serving with
 time, and steps of a few rows (a few requests decoding, speculative verify rows) come next; a layout that
 wins one row narrowly but doubles the few-row time (column on the AMD EPYC of session 25: 7.7 vs 6.2 ms
 at one row, 13-25 vs 7-11 ms at 2-16 rows for packed) loses. The "packed" layout (oneDNN) is a candidate
-where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs), and with >= 2
-threads "packed_blocks" (the blocks' one-row pass with packed's few-row pass, where its second copy of the
-weights fits: weight_layout.rows_copy_fits).
+where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs), and so is
+"packed_blocks" (the blocks' one-row pass with packed's few-row pass, where its second copy of the weights
+fits: weight_layout.rows_copy_fits; on that EPYC, 1 thread, 12 layers: M=1 blocks 5.6 / packed 7.8 ms).
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def probe_layout(hidden: int, intermediate: int, num_layers: int, threads: int) 
     if ("packed", threads) in best and ("blocks", threads) in best and rows_copy_fits(per_layer * num_layers):
         # packed_blocks runs one-row steps in the blocks and the rest packed: its passes are theirs
         best[("packed_blocks", threads)] = [best[("blocks", threads)][0], best[("packed", threads)][1]]
+    if threads == 1:
+        best.pop(("blocks", 1), None)
     return min(best, key=lambda key: sum(best[key]))
 
 
@@ -77,6 +79,8 @@ def _candidates(rows: list[torch.Tensor], hidden: int, threads: int) -> dict:
     else:
         out = {("column", 1): (F.linear, [column_major(w) if w.shape[1] == hidden else w for w in rows])}
     if packed_available():
+        if threads == 1:  # only as packed_blocks' one-row pass (blocks alone lose few-row steps here)
+            out[("blocks", 1)] = (blocked_linear, [as_blocks(w, 1) for w in rows])
         packed = [pack(w) for w in rows]
         out.update({("packed", n): (packed_linear, packed) for n in {threads, max(1, threads - 1)}})
     return out
