@@ -128,6 +128,11 @@ class ModelRunner:
             self.layout = "row"  # each rank's shard keeps the loaded layout (not measured under TP)
         elif model_config.weight_layout == "auto" and self.layout != "row":
             self.layout, small = _probed_layout(hf_config, threads) or (self.layout, None)
+            if plan.quantization != "none":
+                # The probe timed fp32 weights; the int8 / int4 kernels want every thread at decode too
+                # (int8 SmolLM2, 2 threads, batch-1 decode: 52.7 tok/s with 1 thread for small steps, 61-71
+                # with 2), so the layout's own rule decides (packed / blocks: all threads).
+                small = None
         self.threads = (StepThreads.for_config(model_config, self.layout, small) if self.device.type == "cpu"
                         else None)
         self.context_len = _context_len(hf_config, model_config.context_length)
