@@ -54,6 +54,6 @@ def test_explicit_layout_and_threads_win_over_the_probe(tiny_llama_dir, monkeypa
 
 def test_quantized_models_keep_every_thread_for_small_steps(tiny_llama_dir, monkeypatch):
     # The probe times fp32 weights; int8's kernels decode faster on every thread.
-    monkeypatch.setattr(model_runner, "probe_layout", lambda *args: ("packed_blocks", 1))
+    monkeypatch.setattr(model_runner, "probe_layout", lambda *args: ("blocks", 1))
     with Engine(str(tiny_llama_dir), num_threads=2, quantization="int8") as engine:
         assert engine.runner.threads.small == 2
