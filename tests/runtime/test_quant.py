@@ -236,3 +236,26 @@ def test_int8_keeps_the_first_layers_dense():
             assert torch.equal(got, want[i])  # untouched: the model dtype's own matmul
         else:
             torch.testing.assert_close(got, want[i], rtol=0.05, atol=0.25)  # int8 weights, bf16 activations
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_lm_head_is_quantized_in_int8_only(tiny_llama_dir, mode):
+    """int8 quantizes the LM head (the tied embedding: the largest matrix a decode step streams), int4
+    keeps it dense (measured too sensitive); int8's head holds the fp32 head's values to about half a step."""
+    from radixlm.runtime.model.quant.kernels import Int8Weight, dequantize
+
+    with Engine(str(tiny_llama_dir), quantization="none", max_total_tokens=256) as eng:
+        model = eng.runner.model
+        dense = (model.embed_tokens if model.lm_head is None else model.lm_head).data.float().clone()
+    with Engine(str(tiny_llama_dir), quantization=mode, max_total_tokens=256) as eng:
+        model = eng.runner.model
+        head = model.lm_head_matmul
+        assert isinstance(head, Int8Weight) == (mode == "int8")
+        if mode == "int8":
+            # Half a quantization step, plus the scale's own bf16 rounding (2^-8 relative) times |q| <= 127.
+            step = head.scales.float()[:, None]
+            assert bool(((dequantize(head) - dense).abs() <= step * (0.5 + 127 / 256) + 1e-6).all())
+            h = torch.randn(3, head.shape[1])
+            torch.testing.assert_close(model.linear(h, head), F.linear(_bf16(h), dequantize(head)),
+                                       rtol=0.02, atol=0.02)
+        assert eng.generate("Hi", {"max_new_tokens": 4, "temperature": 0})["meta_info"]["completion_tokens"] == 4
