@@ -3,8 +3,8 @@ end inside the bound, and does this finished number lie inside it; and which bou
 are handed over to be decided so.
 
 Pure functions, used by llguidance_compile.py (compile workers: `hand_over`) and by number_layer.py in
-the scheduler (`bound_at`, `feasible`, `within`). A finished number is read the way the output validator reads it
-(`json.loads`, then Python's comparisons, as `jsonschema` does), so the two never disagree on it.
+the scheduler (`bound_at`, `feasible`, `within`). A finished number must satisfy the bound both as the
+output validator reads it (`json.loads`, then Python's comparisons, as `jsonschema` does) and exactly.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _exponent_reach(mantissa: Decimal, esign: bytes, edigits: bytes) -> Reach:
         return Decimal(0), True, Decimal(0), True
     if not edigits and not esign:
         return Decimal(0), False, _INF, False
-    least = 0 if not edigits else int(edigits) if len(edigits) <= _MAX_EXPONENT_DIGITS else 10**_MAX_EXPONENT_DIGITS
+    least = 10**_MAX_EXPONENT_DIGITS if len(edigits) > _MAX_EXPONENT_DIGITS else int(edigits or b"0")
     if esign == b"-":
         return Decimal(0), False, _WIDE.scaleb(mantissa, -least), True
     return _WIDE.scaleb(mantissa, least), True, _INF, False

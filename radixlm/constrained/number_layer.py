@@ -2,12 +2,13 @@
 an llguidance matcher that removes the tokens which would end a number outside its bound, or write a
 number prefix that no completion brings back inside it.
 
-Runs in the scheduler process (llguidance_backend.py wraps a json_schema grammar whose bounds
-llguidance_compile.py handed over, number_bounds.hand_over). Why: llguidance writes a bounded number as a range regex without an exponent and
-refuses valid numbers such as 1e+308 under `minimum: 0`; its free number has the exponent, and
-number_bounds.py decides bounds on every spelling exactly. Only bounds reached through properties /
-additionalProperties / items / prefixItems from the root are handed over, and `bound_at` follows the same
-steps in the same schema, so every handed-over bound is found where llguidance would apply it.
+Runs in the scheduler process: llguidance_backend.py wraps a json_schema grammar whose bounds
+llguidance_compile.py handed over (number_bounds.hand_over). Why: llguidance writes a bounded number as a
+range regex without an exponent and refuses valid numbers such as 1e+308 under `minimum: 0`; its free
+number has the exponent, and number_bounds.py decides bounds on every spelling exactly. Only bounds
+reached through properties / additionalProperties / items / prefixItems from the root are handed over, and
+`bound_at` follows the same steps in the same schema, so every handed-over bound is found where llguidance
+would apply it.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class NumberBoundsMatcher(GrammarMatcher):
         allowed = candidates[((self._words[candidates >> 5] >> (candidates & 31)) & 1).astype(bool)]
         bans = np.array([t for t in allowed.tolist() if self._leaves_bound(t)], dtype=np.int64)
         if here and stream.mode == NUM and bans.size and bans.size == allowed.size:
-            return _EMPTY  # a dead end (not for a satisfiable bound): the grammar decides, the output check reports
+            return _EMPTY  # a dead end (not with a satisfiable bound): the grammar decides, the output check reports
         return bans
 
     def _set_bits(self) -> np.ndarray:
@@ -167,7 +168,8 @@ class NumberBoundsMatcher(GrammarMatcher):
         if not self._inner.accept_token(token_id):
             return False
         if not self._broken:
-            data = self._g._tokens.token_bytes[token_id] if 0 <= token_id < len(self._g._tokens.token_bytes) else None
+            table = self._g._tokens.token_bytes
+            data = table[token_id] if 0 <= token_id < len(table) else None
             try:
                 if data:
                     self._stream.feed(data)
