@@ -50,7 +50,7 @@ class NgramIndex:
     def __init__(self, min_n: int, max_n: int, shared: dict | None = None, shared_min_n: int = 1):
         self.min_n, self.max_n = min_n, max_n
         self.shared_min_n = shared_min_n  # shorter n-grams stay private (a weak match: own text only)
-        self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
+        self._ends: dict[int, dict[tuple[int, ...], int | list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the maps
         self.tokens: list[int] = []  # the sequence last indexed (other requests read continuations here)
         self.shared = shared  # LiveNgrams' namespace table: n-gram -> (owner index, end)
@@ -64,7 +64,9 @@ class NgramIndex:
                 key = tuple(seq[end - n : end])
                 ends = self._ends[n].get(key)
                 if ends is None:
-                    self._ends[n][key] = [end]
+                    self._ends[n][key] = end  # most n-grams occur once: an int, a list from the second
+                elif isinstance(ends, int):
+                    self._ends[n][key] = [ends, end]
                 else:
                     ends.append(end)
                 if shared is not None and n >= self.shared_min_n:
@@ -86,8 +88,10 @@ class NgramIndex:
         if n > len(seq):
             return None
         ends = self._ends[n].get(tuple(seq[-n:]))
-        if not ends:
+        if ends is None:
             return None
+        if isinstance(ends, int):
+            ends = [ends]
         return (nearest_after(ends, cursors) if cursors else None) or ends[-1]
 
 
