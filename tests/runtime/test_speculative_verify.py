@@ -243,7 +243,9 @@ def test_short_matches_only_while_copying_and_only_from_own_text():
     a = _req("a", [5, 6, 7, 20, 21, 22, 23])  # the 1-gram [20] continues 21, 22, 23 in a's own prompt
     other = _req("o", [30, 20, 40, 41, 42])  # ... and 40, 41, 42 in another running request's text
     a.output_ids = [9, 20]
-    assert ctl.propose([a], running=[a, other]) == [[21, 22, 23]]  # a fresh request counts as copying
+    assert ctl.propose([a], running=[a, other]) == [[]]  # no draft of a's accepted yet: not copying
+    a.num_spec_accepted = 1  # once one is, and while its acceptance average holds, it is
+    assert ctl.propose([a], running=[a, other]) == [[21, 22, 23]]
     ctl._state["a"].acceptance = 0.2  # not copying (free text): a 1-token match is not enough
     assert ctl.propose([a], running=[a, other]) == [[]]
     b = _req("b", [5, 6, 7, 8])
@@ -277,12 +279,16 @@ def test_large_batch_needs_a_longer_match_unless_copying():
     for r in three:
         ctl._state.setdefault(r.rid, AdaptiveState(k=2)).acceptance = 0.3  # not copying
     assert ctl.propose(three[:1]) == [[9, 8]]  # a small batch: min_match (3)
-    assert ctl.propose(three) == [[]] * LARGE_BATCH  # a large one: 4
+    assert ctl.propose(three) == [[]] * LARGE_BATCH  # a large one: 5
     four = _req("f", [1, 2, 3, 4, 9, 8, 1, 2, 3, 4])
     ctl._state["f"] = AdaptiveState(k=2, acceptance=0.3)
-    assert ctl.propose(three[1:] + [four])[-1] == [9, 8]
+    assert ctl.propose(three[1:] + [four])[-1] == []
+    five = _req("v", [1, 2, 3, 4, 5, 9, 8, 1, 2, 3, 4, 5])
+    ctl._state["v"] = AdaptiveState(k=2, acceptance=0.3)
+    assert ctl.propose(three[1:] + [five])[-1] == [9, 8]
     for r in three:
         ctl._state[r.rid].acceptance = 0.9  # copying: short matches again, whatever the batch
+        r.num_spec_accepted = 1
     assert ctl.propose(three) == [[9, 8]] * LARGE_BATCH
 
 
@@ -300,11 +306,13 @@ def test_a_copy_in_progress_continues_at_its_cursor_not_at_the_latest_occurrence
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
     # A template [5, 6, 7, 8, 9] copied in order; the request's own earlier copy [5, 6, 7, 0] is later text.
     req = _req("a", [5, 6, 7, 8, 9, 1, 5, 6, 7, 0, 2, 5])
+    req.num_spec_accepted = 1  # copying: 1-token matches are proposed
     assert ctl.propose([req]) == [[6, 7]]  # the latest [5] -> 6, 7 (from position 7)
     req.output_ids += [6, 7]
     ctl.on_verified(req, 2, 2, 3)  # accepted: the copy continues after position 9 (the latest copy)
     assert ctl.propose([req]) == [[0, 2]]
     req2 = _req("b", [5, 6, 7, 8, 9, 1, 5, 6, 7, 0, 2, 3, 4, 5])
+    req2.num_spec_accepted = 1
     ctl.propose([req2])
     ctl.proposer._source["b"] = 1  # say this step's draft [6, 7] came from the template (position 1)
     req2.output_ids += [6]
@@ -339,6 +347,7 @@ def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
     ctl = SpecController(config, NgramProposer(config, _WordTokenizer()), context_len=1024)
     req = _req("a", [1, 2, 5, 6, 7, 3])  # ' Alice Johnson. x,"'
     req.output_ids = [4]  # 'Alice' (after a quote): as a token it occurs nowhere earlier
+    req.num_spec_accepted = 1  # copying
     assert ctl.propose([req]) == [[2, 5, 6]]  # the text 'Alice' continues ' Johnson. x'
     req.output_ids += [8]  # ... and the model wrote 'J' + 'ohnson' (another split of the same text)
     assert ctl.propose([req]) == [[9, 5, 6]]

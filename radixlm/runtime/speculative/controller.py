@@ -26,17 +26,22 @@ from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 # A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
 # a long exact repeat (copied text) is strong evidence, and an n-gram lookup costs no forward.
 STRONG_MATCH = 6
-# While a request's drafts are being accepted (its acceptance average at least COPYING_ACCEPTANCE: it is
-# copying text, e.g. values from a record into JSON), a suffix match as short as COPYING_MIN_MATCH in its
-# own tokens is proposed: right after a copied value starts ('"name": "Alice' -> ' Johnson') only its last
-# token matches the source. Otherwise (free text) short matches are mostly wrong: speculative_ngram_min_match.
+# While a request's drafts are being accepted (one has been, and its acceptance average is at least
+# COPYING_ACCEPTANCE: it is copying text, e.g. values from a record into JSON), a suffix match as short as
+# COPYING_MIN_MATCH in its own tokens is proposed: right after a copied value starts ('"name": "Alice' ->
+# ' Johnson') only its last token matches the source. Otherwise (free text) short matches are mostly
+# wrong: speculative_ngram_min_match. 0.35, not 0.5: a JSON answer's drafts are accepted in part (a value
+# ends where the source's does not), which kept its average around 0.4-0.6 and its short matches off half
+# the time (measured: 2.6 -> 3.4 tokens per forward at batch 1 with the text lookup, docs/benchmarks.md).
 COPYING_MIN_MATCH = 1
 COPYING_ACCEPTANCE = 0.35
 # In a step with this many decoding rows the forward is compute-bound (each draft token costs about a
 # token's share of it), and a closed batch runs as long as its slowest request, so a request that is not
-# copying needs a match one token longer than speculative_ngram_min_match (measured: free text at batch 16
-# 0.95x -> 0.97-0.98x of plain decode; docs/benchmarks.md, run 4).
+# copying needs a match LARGE_BATCH_EXTRA_MATCH tokens longer than speculative_ngram_min_match (measured:
+# free text at batch 16 0.95x -> 0.97-0.98x of plain decode with 1; 2 since the packed weight layout made a
+# batch-16 decode step cheaper next to its verify tokens; docs/benchmarks.md, runs 4 and 5).
 LARGE_BATCH = 8
+LARGE_BATCH_EXTRA_MATCH = 2
 # A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
 # least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
 TEXT_MIN_CHARS = 1
@@ -114,7 +119,8 @@ class NgramProposer:
 
     def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
                 ) -> list[tuple[list[int], int, None]]:
-        weak = min(self.min_n + large_batch, self.max_n)  # the shortest match for a request not copying
+        # the shortest match for a request not copying
+        weak = min(self.min_n + LARGE_BATCH_EXTRA_MATCH * large_batch, self.max_n)
         self._source.clear()
         out = []
         for req, k, copy in zip(reqs, ks, copying):
@@ -181,7 +187,8 @@ class SpecController:
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
-                copying.append(active and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
+                copying.append(active and req.num_spec_accepted > 0
+                               and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
         large = len(reqs) >= LARGE_BATCH
