@@ -14,7 +14,10 @@ Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 differe
   (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
 Each side (speculation on, off) runs in its own worker process, loaded once; with --rounds N the pair of
 workers runs N times, alternating, and the median of the per-round ratios is reported with their range
-(on a shared machine load drifts between the two sides of one round). Per repeat the cache (and
+(on a shared machine load drifts between the two sides of one round). The "cpu ratio" compares tokens
+per second of the worker process's CPU time (all its threads): with --threads 1 on an idle machine it
+equals the wall-clock ratio, and on a loaded one it leaves out the time other processes held the core
+(memory-bandwidth contention still counts). Per repeat the cache (and
 the n-gram corpus) is flushed, the prompts are prefilled (max_new_tokens=1, so decode is what is timed),
 then the batch is generated; the median over repeats is reported. Output ids of both sides are compared
 (greedy speculation is exact: they must be identical).
@@ -115,21 +118,23 @@ def run_worker(args) -> None:
                            tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
                            + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
                 params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
-                times, out = [], None
+                times, cpu, out = [], [], None
                 for _ in range(args.repeats):
                     eng.flush_cache()
                     eng.generate(prompts, {"max_new_tokens": 1, "temperature": 0})
                     steps0 = eng.scheduler.num_forward_steps
                     s0 = _spec_totals(eng)
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     out = eng.generate(prompts, params)
                     times.append(time.perf_counter() - t)
+                    cpu.append(time.process_time() - c)
                     steps = eng.scheduler.num_forward_steps - steps0
                     s1 = _spec_totals(eng)
                 tokens = sum(len(r["output_ids"]) for r in out)
                 proposed, accepted = s1[0] - s0[0], s1[1] - s0[1]
                 results[f"{name}/b{batch}"] = {
                     "tok_s": tokens / statistics.median(times), "tokens": tokens, "steps": steps,
+                    "tok_cpu_s": tokens / statistics.median(cpu),
                     "tokens_per_forward": tokens / max(1, steps) / batch,
                     "acceptance": accepted / proposed if proposed else None, "proposed": proposed,
                     "output_ids": [r["output_ids"] for r in out]}
@@ -142,7 +147,7 @@ def _spec_totals(eng) -> tuple[int, int]:
 
 
 def forward_costs(args) -> None:
-    """One forward of B rows x (1 + k) new tokens after a 512-token context, median of 7."""
+    """One forward of B rows x (1 + k) new tokens after a 512-token context, median of 7 (CPU time)."""
     import torch
 
     from radixlm.runtime.engine import Engine
@@ -157,7 +162,7 @@ def forward_costs(args) -> None:
         ctx = 512
 
         def run():
-            print("batch  k  tokens  ms/forward  vs k=0", flush=True)
+            print("batch  k  tokens  cpu ms/forward  vs k=0", flush=True)
             for batch in (1, 16):
                 base = None
                 for k in range(9):
@@ -169,10 +174,10 @@ def forward_costs(args) -> None:
                     fb = build_forward_batch(rows, kv.table, runner.sm_scale, runner.device)
                     idx = torch.arange(fb.num_tokens)
                     times = []
-                    for _ in range(7):
-                        t = time.perf_counter()
+                    for _ in range(7):  # process CPU time: the other processes' share of a loaded core left out
+                        t = time.process_time()
                         runner.forward(fb, idx)
-                        times.append(time.perf_counter() - t)
+                        times.append(time.process_time() - t)
                     ms = 1000 * statistics.median(times)
                     base = base or ms
                     print(f"{batch:5d} {k:2d} {fb.num_tokens:7d} {ms:11.1f}  {ms / base:6.2f}x", flush=True)
@@ -211,17 +216,18 @@ def main() -> None:
     print(f"load (1-min, per round): {' '.join(f'{x:.1f}' for x in loads)}  threads={args.threads}  k={args.k}  "
           f"new={args.new}  repeats={args.repeats}  rounds={args.rounds}  min_match={args.ngram_min_match}  "
           f"batch_cap={args.batch_cap}")
-    print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'accept':>7s} "
-          f"{'tok/fwd':>8s} same")
+    print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} "
+          f"{'range':>11s} {'accept':>7s} {'tok/fwd':>8s} same")
     for key in rounds[0]["off"]:
         off = [r["off"][key] for r in rounds]
         on = [r["on"][key] for r in rounds]
         ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(off, on)]
+        cpu = [b["tok_cpu_s"] / a["tok_cpu_s"] for a, b in zip(off, on)]
         acc = "-" if on[0]["acceptance"] is None else f"{100 * on[0]['acceptance']:.0f}%"
         same = all(a["output_ids"] == b["output_ids"] for a, b in zip(off, on))
         print(f"{key:10s} {statistics.median(a['tok_s'] for a in off):10.1f} "
               f"{statistics.median(b['tok_s'] for b in on):10.1f} {statistics.median(ratios):6.2f} "
-              f"{min(ratios):5.2f}-{max(ratios):4.2f} {acc:>7s} {on[0]['tokens_per_forward']:8.2f} {same}")
+              f"{min(ratios):5.2f}-{max(ratios):4.2f} {statistics.median(cpu):9.2f} {min(cpu):5.2f}-{max(cpu):4.2f} {acc:>7s} {on[0]['tokens_per_forward']:8.2f} {same}")
 
 
 def _run_side(args, side: str) -> dict:

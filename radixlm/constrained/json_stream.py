@@ -1,7 +1,7 @@
 """An incremental JSON reader over the bytes a constrained request has generated, that knows which arrays
-must hold unique items and which items they already hold.
+must hold unique items and which items they already hold, and where each number starts and ends.
 
-Runs in the scheduler process, inside unique_items.py's matcher. The grammar guarantees the text is a
+Runs in the scheduler process, inside unique_items.py's and number_layer.py's matchers. The grammar guarantees the text is a
 prefix of valid JSON, so this reader only tracks structure (no error recovery). Item values are read back
 with `json.loads` from the text when they complete; snapshots are cheap (frames are small, `seen` sets
 are immutable) so the matcher can keep one per token for rollback and try candidate tokens on a copy.
@@ -58,8 +58,8 @@ class JsonStream:
     """Reads text as it is generated. `duplicate` turns True when an item completes in a unique array
     that already holds an equal item (the caller decides what that means)."""
 
-    def __init__(self, scope: SchemaScope):
-        self._scope = scope
+    def __init__(self, scope: SchemaScope | None):
+        self._scope = scope  # None: no unique arrays (number_layer.py reads numbers only)
         self.text = bytearray()
         self.stack: list[Frame] = []
         self.mode = VALUE
@@ -67,14 +67,16 @@ class JsonStream:
         self.str_start = -1
         self.lit_left = b""
         self.duplicate = False
+        self.num_start = -1       # where the number being read (or the last one) began
+        self.finished: list | None = None  # when a list: (value_path(), text) of each number that ends
 
     # ---- snapshots ----------------------------------------------------------------------------------
     def state(self) -> tuple:
         return (len(self.text), [f.copy() for f in self.stack], self.mode, self.key_string, self.str_start,
-                self.lit_left, self.duplicate)
+                self.lit_left, self.duplicate, self.num_start)
 
     def restore(self, state: tuple) -> None:
-        n, stack, self.mode, self.key_string, self.str_start, self.lit_left, self.duplicate = state
+        n, stack, self.mode, self.key_string, self.str_start, self.lit_left, self.duplicate, self.num_start = state
         del self.text[n:]
         self.stack = [f.copy() for f in stack]
 
@@ -110,6 +112,14 @@ class JsonStream:
             return "n", bytes(self.text[start:])
         return None
 
+    def value_path(self) -> tuple:
+        """Keys and indices from the root to the value being read (None for a key that did not read)."""
+        return tuple(f.key if f.is_obj else f.index for f in self.stack)
+
+    def partial_number(self) -> bytes | None:
+        """The bytes so far of the number being read, else None."""
+        return bytes(self.text[self.num_start:]) if self.mode == NUM else None
+
     def path_in_item(self, frame: Frame) -> list | None:
         """Keys and indices from `frame`'s current item down to the value being read (None: a key)."""
         at = next(i for i, f in enumerate(self.stack) if f is frame)
@@ -137,6 +147,8 @@ class JsonStream:
             self.mode = STR
         elif mode == NUM:
             if b not in NUMBER_BYTES:
+                if self.finished is not None:
+                    self.finished.append((self.value_path(), bytes(self.text[self.num_start:pos])))
                 self._complete(pos)
                 self._step(b, pos)
         elif mode == LIT:
@@ -174,10 +186,10 @@ class JsonStream:
         elif b in LITERALS:
             self.mode, self.lit_left = LIT, LITERALS[b]
         else:
-            self.mode = NUM
+            self.mode, self.num_start = NUM, pos
 
     def _open(self, is_obj: bool, parent: Frame | None) -> None:
-        scope = self._child_scope(parent)
+        scope = self._child_scope(parent) if self._scope is not None else None
         unique = not is_obj and SchemaScope.requires(scope, "array", "uniqueItems")
         self.stack.append(Frame(is_obj, scope, unique))
         self.mode = KEY if is_obj else VALUE

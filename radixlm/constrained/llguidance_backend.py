@@ -20,7 +20,10 @@ from radixlm.constrained.bitmask import CpuMask, allowed_list, eos_only_bits, nu
 from radixlm.constrained.errors import INVALID_GRAMMAR, GrammarError
 from radixlm.constrained.llguidance_compile import (compile_serialized, parser_limits, tokenizer_from_payload,
                                                     tokenizer_payload)
+from radixlm.constrained.number_bounds import MARK
+from radixlm.constrained.number_layer import NumberBoundsGrammar, NumberTokens, lowered_schema
 from radixlm.constrained.outlines_backend import complete_utf8_prefix
+from radixlm.constrained.vocabulary import token_bytes_for
 
 # A mask that allows at most this many tokens goes to the sampler as its id list (bitmask.py).
 MAX_LIST_IDS = 512
@@ -190,6 +193,8 @@ class LLGuidanceBackend(GrammarBackend):
         self.options = options or GrammarOptions()
         self.vocab_size = vocab_size
         self.eos_token_id = int(tokenizer.eos_token_id)
+        self._hf_tokenizer = tokenizer  # its token bytes, for the number layer (built on first use)
+        self._number_tokens = None
         self._payload = tokenizer_payload(backend_tokenizer.to_str(), vocab_size, self.eos_token_id)
         self.tokenizer = tokenizer_from_payload(self._payload)
         digest = hashlib.sha256(self._payload).hexdigest()[:16]
@@ -199,13 +204,13 @@ class LLGuidanceBackend(GrammarBackend):
     def cache_key(self) -> str:
         return self._key
 
-    def compile(self, kind: str, spec: str) -> LLGuidanceGrammar:
+    def compile(self, kind: str, spec: str) -> CompiledGrammar:
         return self.load(compile_serialized(kind, spec, self.options, self._payload))
 
     def worker_init_messages(self) -> list[bytes]:
         return [self.name.encode(), self.options.to_json().encode("utf-8"), self._payload]
 
-    def load(self, data: bytes) -> LLGuidanceGrammar:
+    def load(self, data: bytes) -> CompiledGrammar:
         """A compiled grammar from grammar text checked by compile_serialized (here or in a worker)."""
         import llguidance as llg
 
@@ -216,4 +221,11 @@ class LLGuidanceBackend(GrammarBackend):
         # state cache): pay it here, in the dispatcher thread, not in the first decode step.
         words = np.zeros(num_words(self.vocab_size), dtype=np.int32)
         template.deep_copy().unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
-        return LLGuidanceGrammar(template, self.eos_token_id, self.vocab_size, self.options)
+        grammar = LLGuidanceGrammar(template, self.eos_token_id, self.vocab_size, self.options)
+        if MARK.encode() not in data:
+            return grammar
+        # The lowering handed one-sided number bounds over to the number layer (number_layer.py).
+        if self._number_tokens is None:
+            self._number_tokens = NumberTokens.build(token_bytes_for(self._hf_tokenizer))
+        return NumberBoundsGrammar(grammar, lowered_schema(data.decode("utf-8")), self._number_tokens,
+                                   self.vocab_size)

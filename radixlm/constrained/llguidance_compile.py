@@ -78,9 +78,12 @@ def grammar_text(kind: str, spec: str, options: GrammarOptions) -> str:
     if kind == "json_schema":
         from radixlm.constrained.schema_lower import lower_schema
 
+        from radixlm.constrained.number_bounds import hand_over
+
         # The "llguidance" lowering keeps local $refs (recursion included) for llguidance to compile;
         # lenient, llguidance ignores what it still lacks (finished outputs are validated separately).
-        schema = lower_schema(spec, options, "llguidance").schema
+        # One-sided number bounds go to the number layer (number_layer.py), which takes exponents.
+        schema = hand_over(lower_schema(spec, options, "llguidance").schema)
         ref = external_ref(schema)
         if ref is not None:
             raise GrammarError("json_schema", INVALID_GRAMMAR, f"external $ref '{ref}' is not supported")

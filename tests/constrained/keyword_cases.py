@@ -24,6 +24,10 @@ NODE = {"type": "object", "properties": {"value": {"type": "integer"},
                                          "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
         "required": ["value"]}
 
+ONE_SIDED = {"type": "object", "properties": {
+    "timeout": {"type": "number", "minimum": 1000}, "ratio": {"type": "number", "exclusiveMinimum": 0},
+    "limit": {"type": "number", "maximum": -1}, "sizes": {"type": "array", "items": {"type": "number", "minimum": 0}}}}
+
 CASES = [
     # annotations and unknown keywords are ignored
     Case("annotations", {"$schema": "http://json-schema.org/draft-07/schema#", "$id": "https://x.org/s.json",
@@ -136,6 +140,12 @@ CASES = [
     Case("exclusive_numbers", {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10},
          (0.5, 9.99, 1), (0, 10, -1)),
     Case("fractional_bounds", {"type": "number", "minimum": 0.5, "maximum": 2.5}, (0.5, 1, 2.5), (0.4, 2.6)),
+    # one-sided bounds below the root (llguidance: number_layer.py; exponent spellings in test_number_layer.py)
+    Case("one_sided_bounds", ONE_SIDED,
+         ({"timeout": 1000, "ratio": 0.5, "limit": -1, "sizes": []}, {"timeout": 1500.5, "sizes": [0, 2, 0.25]}),
+         ({"timeout": 999.99}, {"timeout": 100.0}, {"timeout": -1e300}, {"ratio": 0}, {"ratio": -0.0},
+          {"ratio": -1e-9}, {"limit": -0.5}, {"limit": 1e300}, {"limit": 0}, {"sizes": [1, -1e-300]},
+          {"sizes": [-0.5]})),
     # $ref
     Case("ref_siblings", {"$defs": {"s": {"type": "string"}}, "type": "object",
                           "properties": {"a": {"$ref": "#/$defs/s", "minLength": 2}}, "required": ["a"]},

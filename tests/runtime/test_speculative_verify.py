@@ -125,9 +125,9 @@ def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():
     corpus.add("a", [10, 11, 12, 13, 14, 15])
     seq = [1, 2, 3, 1, 2, 7, 10, 11, 12]
     # own text: [1, 2] -> 3 (a 2-gram); the corpus has the 3-gram [10, 11, 12] -> 13, 14, 15: longer wins
-    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == ([13, 14, 15], 3)
-    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "b", 3) == ([], 0)  # another tenant's text: never
-    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == ([3, 1, 2], 2)
+    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == ([13, 14, 15], 3, None)
+    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "b", 3)[:2] == ([], 0)  # another tenant's text: never
+    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == ([3, 1, 2], 2, 2)
 
 
 def test_adaptive_turns_down_then_off_then_back():
@@ -243,7 +243,9 @@ def test_short_matches_only_while_copying_and_only_from_own_text():
     a = _req("a", [5, 6, 7, 20, 21, 22, 23])  # the 1-gram [20] continues 21, 22, 23 in a's own prompt
     other = _req("o", [30, 20, 40, 41, 42])  # ... and 40, 41, 42 in another running request's text
     a.output_ids = [9, 20]
-    assert ctl.propose([a], running=[a, other]) == [[21, 22, 23]]  # a fresh request counts as copying
+    assert ctl.propose([a], running=[a, other]) == [[]]  # no draft of a's accepted yet: not copying
+    a.num_spec_accepted = 1  # once one is, and while its acceptance average holds, it is
+    assert ctl.propose([a], running=[a, other]) == [[21, 22, 23]]
     ctl._state["a"].acceptance = 0.2  # not copying (free text): a 1-token match is not enough
     assert ctl.propose([a], running=[a, other]) == [[]]
     b = _req("b", [5, 6, 7, 8])
@@ -277,10 +279,83 @@ def test_large_batch_needs_a_longer_match_unless_copying():
     for r in three:
         ctl._state.setdefault(r.rid, AdaptiveState(k=2)).acceptance = 0.3  # not copying
     assert ctl.propose(three[:1]) == [[9, 8]]  # a small batch: min_match (3)
-    assert ctl.propose(three) == [[]] * LARGE_BATCH  # a large one: 4
+    assert ctl.propose(three) == [[]] * LARGE_BATCH  # a large one: 5
     four = _req("f", [1, 2, 3, 4, 9, 8, 1, 2, 3, 4])
     ctl._state["f"] = AdaptiveState(k=2, acceptance=0.3)
-    assert ctl.propose(three[1:] + [four])[-1] == [9, 8]
+    assert ctl.propose(three[1:] + [four])[-1] == []
+    five = _req("v", [1, 2, 3, 4, 5, 9, 8, 1, 2, 3, 4, 5])
+    ctl._state["v"] = AdaptiveState(k=2, acceptance=0.3)
+    assert ctl.propose(three[1:] + [five])[-1] == [9, 8]
     for r in three:
         ctl._state[r.rid].acceptance = 0.9  # copying: short matches again, whatever the batch
+        r.num_spec_accepted = 1
     assert ctl.propose(three) == [[9, 8]] * LARGE_BATCH
+
+
+def test_a_copy_in_progress_continues_at_its_cursor_not_at_the_latest_occurrence():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    # [1, 2] occurs twice: continued by 3 (position 3) and by 4 (position 7, the latest).
+    seq = [10, 1, 2, 3, 11, 1, 2, 4, 1, 2]
+    index = NgramIndex(1, 4)
+    assert index.lookup(seq, 2) == 7
+    assert index.lookup(seq, 2, cursors=[1]) == 3  # the first occurrence at or after the cursor
+    assert index.lookup(seq, 2, cursors=[5]) == 7
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    # A template [5, 6, 7, 8, 9] copied in order; the request's own earlier copy [5, 6, 7, 0] is later text.
+    req = _req("a", [5, 6, 7, 8, 9, 1, 5, 6, 7, 0, 2, 5])
+    req.num_spec_accepted = 1  # copying: 1-token matches are proposed
+    assert ctl.propose([req]) == [[6, 7]]  # the latest [5] -> 6, 7 (from position 7)
+    req.output_ids += [6, 7]
+    ctl.on_verified(req, 2, 2, 3)  # accepted: the copy continues after position 9 (the latest copy)
+    assert ctl.propose([req]) == [[0, 2]]
+    req2 = _req("b", [5, 6, 7, 8, 9, 1, 5, 6, 7, 0, 2, 3, 4, 5])
+    req2.num_spec_accepted = 1
+    ctl.propose([req2])
+    ctl.proposer._source["b"] = 1  # say this step's draft [6, 7] came from the template (position 1)
+    req2.output_ids += [6]
+    ctl.on_verified(req2, 2, 1, 2)  # one accepted: the cursor is at 2
+    req2.output_ids += [7]
+    assert ctl.propose([req2]) == [[8, 9]]  # [7] continues in the template, not after the latest copy (0)
+
+
+class _WordTokenizer:
+    """A toy tokenizer: fixed pieces, greedy longest-piece encoding."""
+
+    PIECES = {1: " Alice", 2: " Johnson", 3: '"', 4: "Alice", 5: ".", 6: " x", 7: ",", 8: "J", 9: "ohnson"}
+
+    def decode(self, ids):
+        return "".join(self.PIECES[i] for i in ids)
+
+    def encode(self, text, add_special_tokens=False):
+        out = []
+        while text:
+            tok = max((i for i, p in self.PIECES.items() if text.startswith(p)), key=lambda i: len(self.PIECES[i]))
+            out.append(tok)
+            text = text[len(self.PIECES[tok]) :]
+        return out
+
+
+def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.messages import FinishReason
+    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
+    ctl = SpecController(config, NgramProposer(config, _WordTokenizer()), context_len=1024)
+    req = _req("a", [1, 2, 5, 6, 7, 3])  # ' Alice Johnson. x,"'
+    req.output_ids = [4]  # 'Alice' (after a quote): as a token it occurs nowhere earlier
+    req.num_spec_accepted = 1  # copying
+    assert ctl.propose([req]) == [[2, 5, 6]]  # the text 'Alice' continues ' Johnson. x'
+    req.output_ids += [8]  # ... and the model wrote 'J' + 'ohnson' (another split of the same text)
+    assert ctl.propose([req]) == [[9, 5, 6]]
+    ctl._state["a"].acceptance = 0.2  # not copying: no short (1-token or text) lookups
+    assert ctl.propose([req]) == [[]]
+    plain = SpecController(config, NgramProposer(config), context_len=1024)  # no tokenizer: tokens only
+    assert plain.propose([req]) == [[]]
+    for c in (ctl, plain):
+        req.finish = FinishReason("length", length=0)
+        c.on_finish(req)
+        c.check_integrity(idle=True)

@@ -19,23 +19,33 @@ import torch
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
+from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
+from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
 
 # A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
 # a long exact repeat (copied text) is strong evidence, and an n-gram lookup costs no forward.
 STRONG_MATCH = 6
-# While a request's drafts are being accepted (its acceptance average at least COPYING_ACCEPTANCE: it is
-# copying text, e.g. values from a record into JSON), a suffix match as short as COPYING_MIN_MATCH in its
-# own tokens is proposed: right after a copied value starts ('"name": "Alice' -> ' Johnson') only its last
-# token matches the source. Otherwise (free text) short matches are mostly wrong: speculative_ngram_min_match.
+# While a request's drafts are being accepted (one has been, and its acceptance average is at least
+# COPYING_ACCEPTANCE: it is copying text, e.g. values from a record into JSON), a suffix match as short as
+# COPYING_MIN_MATCH in its own tokens is proposed: right after a copied value starts ('"name": "Alice' ->
+# ' Johnson') only its last token matches the source. Otherwise (free text) short matches are mostly
+# wrong: speculative_ngram_min_match. 0.35, not 0.5: a JSON answer's drafts are accepted in part (a value
+# ends where the source's does not), which kept its average around 0.4-0.6 and its short matches off half
+# the time (measured: 2.6 -> 3.4 tokens per forward at batch 1 with the text lookup, docs/benchmarks.md).
 COPYING_MIN_MATCH = 1
-COPYING_ACCEPTANCE = 0.5
+COPYING_ACCEPTANCE = 0.35
 # In a step with this many decoding rows the forward is compute-bound (each draft token costs about a
 # token's share of it), and a closed batch runs as long as its slowest request, so a request that is not
-# copying needs a match one token longer than speculative_ngram_min_match (measured: free text at batch 16
-# 0.95x -> 0.97-0.98x of plain decode; docs/benchmarks.md, run 4).
+# copying needs a match LARGE_BATCH_EXTRA_MATCH tokens longer than speculative_ngram_min_match (measured:
+# free text at batch 16 0.95x -> 0.97-0.98x of plain decode with 1; 2 since the packed weight layout made a
+# batch-16 decode step cheaper next to its verify tokens; docs/benchmarks.md, runs 4 and 5).
 LARGE_BATCH = 8
+LARGE_BATCH_EXTRA_MATCH = 2
+# A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
+# least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
+TEXT_MIN_CHARS = 1
+CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 
 
 class Proposer(Protocol):
@@ -50,6 +60,9 @@ class Proposer(Protocol):
 
     def observe(self, reqs: list[Req]) -> None:
         """The running requests' tokens so far (before this step's proposals)."""
+
+    def on_verified(self, req: Req, accepted: int) -> None:
+        """How many of req's draft tokens of this step were accepted."""
 
     def on_finish(self, req: Req) -> None: ...
 
@@ -82,12 +95,16 @@ class SpecStats:
 class NgramProposer:
     cheap = True
 
-    def __init__(self, config: SpeculativeConfig):
+    def __init__(self, config: SpeculativeConfig, tokenizer=None):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
         self.short_n = min(self.min_n, COPYING_MIN_MATCH)
         self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
         self.live = LiveNgrams()
         self._own: dict[str, NgramIndex] = {}
+        self.text_of = TokenText(tokenizer) if tokenizer is not None else None  # None: no text lookup
+        self._text: dict[str, TextIndex] = {}
+        self._cursors: dict[str, list[int]] = {}  # rid -> positions after its latest accepted copies
+        self._source: dict[str, int] = {}  # rid -> where this step's draft starts in its own sequence
 
     def _index(self, req: Req) -> NgramIndex:
         own = self._own.get(req.rid)
@@ -102,12 +119,39 @@ class NgramProposer:
 
     def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
                 ) -> list[tuple[list[int], int, None]]:
-        weak = min(self.min_n + large_batch, self.max_n)  # the shortest match for a request not copying
-        return [(*propose_ngram(req.full_ids(), self._index(req), self.corpus, req.namespace, k, self.live,
-                                self.short_n if copy else weak), None)
-                for req, k, copy in zip(reqs, ks, copying)]
+        # the shortest match for a request not copying
+        weak = min(self.min_n + LARGE_BATCH_EXTRA_MATCH * large_batch, self.max_n)
+        self._source.clear()
+        out = []
+        for req, k, copy in zip(reqs, ks, copying):
+            p = self._propose_one(req, k, self.short_n if copy else weak, copy)
+            if p.source is not None:
+                self._source[req.rid] = p.source
+            out.append((p.tokens, p.match, None))
+        return out
+
+    def _propose_one(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
+        seq, cursors = req.full_ids(), self._cursors.get(req.rid, ())
+        p = propose_ngram(seq, self._index(req), self.corpus, req.namespace, k, self.live, min_n, cursors)
+        if p.tokens or not copying or self.text_of is None:
+            return p
+        text = self._text.get(req.rid)
+        if text is None:
+            text = self._text[req.rid] = TextIndex(self.text_of)
+        return text.propose(seq, k, TEXT_MIN_CHARS, cursors)
+
+    def on_verified(self, req: Req, accepted: int) -> None:
+        source = self._source.pop(req.rid, None)
+        if source is not None and accepted > 0:  # the copy continues after what was accepted
+            cursors = self._cursors.setdefault(req.rid, [])
+            if source + accepted in cursors:
+                cursors.remove(source + accepted)
+            cursors.insert(0, source + accepted)
+            del cursors[CURSORS:]
 
     def on_finish(self, req: Req) -> None:
+        for table in (self._text, self._cursors, self._source):
+            table.pop(req.rid, None)
         own = self._own.pop(req.rid, None)
         if own is not None:
             self.live.remove(req.namespace, own)
@@ -119,6 +163,7 @@ class NgramProposer:
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._own, "n-gram indexes left while idle"
+        assert not idle or not (self._text or self._cursors or self._source), "text indexes / cursors left while idle"
         assert not idle or not len(self.live), "live n-gram tables left while idle"
 
 
@@ -142,7 +187,8 @@ class SpecController:
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
-                copying.append(active and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
+                copying.append(active and req.num_spec_accepted > 0
+                               and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
         large = len(reqs) >= LARGE_BATCH
@@ -199,6 +245,7 @@ class SpecController:
         s.num_accepted += accepted
         s.num_emitted += emitted
         s.per_k[proposed] = s.per_k.get(proposed, 0) + 1
+        self.proposer.on_verified(req, accepted)
         state = self._state.get(req.rid)
         if state is not None:
             state.update(proposed, accepted, self.max_k, self.config.speculative_min_acceptance)

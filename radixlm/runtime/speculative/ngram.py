@@ -16,17 +16,41 @@ Proposals are only guesses: verification keeps exactly what the target model wou
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
+from typing import NamedTuple, Sequence
+
+# A request copying from its own text keeps cursors: the positions right after the source tokens its last
+# accepted drafts came from. Of a suffix's occurrences, the first at or after a cursor (within this many
+# tokens) is proposed rather than the latest: a JSON answer copies keys from a few-shot example and values
+# from a record, each in order, and the latest occurrence of '", "' is the answer's own previous field.
+CURSOR_WINDOW = 64
+
+
+class Proposal(NamedTuple):
+    tokens: list[int]
+    match: int  # length of the suffix matched (0: no proposal)
+    source: int | None = None  # where tokens start in the request's own sequence (None: another source)
+
+
+def nearest_after(ends: Sequence[int], cursors: Sequence[int]) -> int | None:
+    """Of the sorted positions ends, the one closest after (or at) any cursor, within CURSOR_WINDOW."""
+    best = None
+    for c in cursors:
+        i = bisect_left(ends, c)
+        if i < len(ends) and ends[i] - c <= CURSOR_WINDOW and (best is None or ends[i] - c < best[0]):
+            best = (ends[i] - c, ends[i])
+    return None if best is None else best[1]
 
 
 class NgramIndex:
     """Suffix lookup over one growing token sequence. For each n in [min_n, max_n] and each n-gram that
-    occurred (ending before the sequence's last token), the position right after its latest occurrence."""
+    occurred (ending before the sequence's last token), the positions right after its occurrences."""
 
     def __init__(self, min_n: int, max_n: int, shared: dict | None = None, shared_min_n: int = 1):
         self.min_n, self.max_n = min_n, max_n
         self.shared_min_n = shared_min_n  # shorter n-grams stay private (a weak match: own text only)
-        self._ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self._ends: dict[int, dict[tuple[int, ...], int | list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the maps
         self.tokens: list[int] = []  # the sequence last indexed (other requests read continuations here)
         self.shared = shared  # LiveNgrams' namespace table: n-gram -> (owner index, end)
@@ -38,7 +62,13 @@ class NgramIndex:
         for end in range(max(self._indexed, self.min_n), len(seq)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 key = tuple(seq[end - n : end])
-                self._ends[n][key] = end
+                ends = self._ends[n].get(key)
+                if ends is None:
+                    self._ends[n][key] = end  # most n-grams occur once: an int, a list from the second
+                elif isinstance(ends, int):
+                    self._ends[n][key] = [ends, end]
+                else:
+                    ends.append(end)
                 if shared is not None and n >= self.shared_min_n:
                     shared[key] = (self, end)
         self._indexed = max(self._indexed, len(seq))
@@ -51,12 +81,18 @@ class NgramIndex:
         for table in self._ends.values():
             yield from table
 
-    def lookup(self, seq: list[int], n: int) -> int | None:
-        """Where the latest earlier occurrence of seq's last n tokens continues, or None."""
+    def lookup(self, seq: list[int], n: int, cursors: Sequence[int] = ()) -> int | None:
+        """Where an earlier occurrence of seq's last n tokens continues (the first after a cursor, else the
+        latest), or None."""
         self._update(seq)
         if n > len(seq):
             return None
-        return self._ends[n].get(tuple(seq[-n:]))
+        ends = self._ends[n].get(tuple(seq[-n:]))
+        if ends is None:
+            return None
+        if isinstance(ends, int):
+            ends = [ends]
+        return (nearest_after(ends, cursors) if cursors else None) or ends[-1]
 
 
 class LiveNgrams:
@@ -137,24 +173,25 @@ class NgramCorpus:
 
 
 def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, namespace: str, k: int,
-                  live: LiveNgrams | None = None, min_n: int | None = None) -> tuple[list[int], int]:
-    """(up to k tokens continuing seq, the length of the suffix matched): the longest suffix match of at
-    least min_n tokens (default own.min_n); at equal length own tokens first, then other running
-    requests', then the corpus (those two only for n >= own.shared_min_n); ([], 0) without a match."""
+                  live: LiveNgrams | None = None, min_n: int | None = None, cursors: Sequence[int] = ()
+                  ) -> Proposal:
+    """Up to k tokens continuing seq: the longest suffix match of at least min_n tokens (default
+    own.min_n); at equal length own tokens first (the occurrence after a cursor first), then other
+    running requests', then the corpus (those two only for n >= own.shared_min_n); empty without a match."""
     for n in range(own.max_n, max(own.min_n, min_n or 0) - 1, -1):
-        end = own.lookup(seq, n)
+        end = own.lookup(seq, n, cursors)
         if end is not None:
             cont = seq[end : end + k]
             if cont:
-                return cont, n
+                return Proposal(cont, n, end)
         if n < own.shared_min_n:
             continue
         if live is not None:
             cont = live.lookup(namespace, seq, n, k, own)
             if cont:
-                return cont, n
+                return Proposal(cont, n)
         if corpus is not None:
             found = corpus.lookup(namespace, seq, n)
             if found:
-                return list(found[:k]), n
-    return [], 0
+                return Proposal(list(found[:k]), n)
+    return Proposal([], 0)

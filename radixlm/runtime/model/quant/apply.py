@@ -9,9 +9,9 @@ Modes (ModelConfig.quantization, SGLang's --quantization):
         activations (its fp32-activation path was measured 10-40x slower).
   auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
         on the CPU and none elsewhere.
-q/k/v (fused), o, gate/up (fused) and down are quantized; the LM head (QUANTIZE_LM_HEAD: measured too
-sensitive), int8's first layers (DENSE_LAYERS_PER: likewise, 2 of SmolLM2's 30), norms, embeddings,
-biases and the KV cache keep the model dtype.
+q/k/v (fused), o, gate/up (fused) and down are quantized, and int8's LM head (QUANTIZE_LM_HEAD; int4's
+measured too sensitive); int8's first layers (DENSE_LAYERS_PER: 2 of SmolLM2's 30), norms, the embedding
+lookup, biases and the KV cache keep the model dtype.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 DEFAULT_CPU = "none"
-# The LM head (SmolLM2: the tied embedding, 21% of the weights) measured far more sensitive than the
-# layers: int4 +5.75% ppl with it quantized, +0.19% with it dense; int8 +1.33% / +1.09%. It stays dense
-# (fp32, in the weight layout's blocks) in both modes.
-QUANTIZE_LM_HEAD = {"int8": False, "int4": False}  # see docs/engine.md "Quantized and bf16 weights" for why
+# The LM head (SmolLM2: the tied embedding, 21% of the weights, 113 of int8's ~240 MB streamed per
+# token) measured far more sensitive than the layers: int4 +5.75% ppl with it quantized, +0.19% with it
+# dense, so int4 keeps it dense (fp32, in the weight layout). int8 quantizes it: with the first layers
+# dense (below) int8 measured +0.56% with the head int8 vs +0.32% with it fp32 (target <= +1%), and the
+# head's one-row matmul takes 2.0 ms instead of 5.1 (fp32 column-major; 1 thread, docs/benchmarks.md).
+QUANTIZE_LM_HEAD = {"int8": True, "int4": False}  # see docs/engine.md "Quantized and bf16 weights"
 # The first layers' matmuls measured the most sensitive to int8 (SmolLM2-135M-Instruct, perplexity of
 # benchmarks/data/declaration.txt vs fp32, benchmarks/quant_quality.py, 1 thread): every layer int8
 # +0.96% (+1.09% in an earlier 2-thread run: on the +1% target's edge), layer 0 kept +0.69%, layers 0-1
