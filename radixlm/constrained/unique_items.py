@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
+from radixlm.constrained.ban_layer import EMPTY, BanLayer
 from radixlm.constrained.base import CompiledGrammar, GrammarMatcher
-from radixlm.constrained.bitmask import num_words
 from radixlm.constrained.json_stream import AFTER, LIT, NUM, STR, VALUE, JsonStream, value_key
 from radixlm.constrained.schema_scope import SchemaScope
 from radixlm.constrained.vocabulary import TokenBytes
 
-_EMPTY = np.zeros(0, dtype=np.int64)
 _LOOKAHEAD = 2  # tokens of lookahead for a forced repeat (one value token, then blanks)
 _WHOLE_NUMBER = re.compile(rb"[0-9][0-9.eE+-]*[,}\] \t\n\r]")
 
@@ -120,26 +118,13 @@ class UniqueItemsGrammar(CompiledGrammar):
         return UniqueItemsMatcher(self._inner.matcher(), self._scope, self._table, self._vocab)
 
 
-class UniqueItemsMatcher(GrammarMatcher):
+class UniqueItemsMatcher(BanLayer):
     def __init__(self, inner: GrammarMatcher, scope: SchemaScope, table: TokenTable, vocab_size: int):
-        self._inner, self._scope, self._table, self._vocab = inner, scope, table, vocab_size
-        self._stream = JsonStream(scope)
-        self._history = [self._stream.state()]  # the reader's state after each accepted token
-        self._words = np.zeros(num_words(vocab_size), dtype=np.int32)
-        self._version = 0
-        self._bans, self._bans_at = _EMPTY, -1
-        self._broken = False  # the reader failed (a bug, never the client's fault): plain grammar from here
+        super().__init__(inner, JsonStream(scope), table.token_bytes, vocab_size)
+        self._scope, self._table = scope, table
 
-    # ---- masks --------------------------------------------------------------------------------------
-    def banned(self) -> np.ndarray:
-        """Token ids the grammar allows now that would complete a duplicate item (cached per state)."""
-        if self._bans_at != self._version:
-            try:
-                self._bans = _EMPTY if self._broken else self._find_bans()
-            except Exception:  # noqa: BLE001 - never take the scheduler down over an extra check
-                self._broken, self._bans = True, _EMPTY
-            self._bans_at = self._version
-        return self._bans
+    def _twin(self, inner: GrammarMatcher) -> "UniqueItemsMatcher":
+        return UniqueItemsMatcher(inner, self._scope, self._table, self._vocab)
 
     def _find_bans(self) -> np.ndarray:
         bans, allowed = self._completing_bans()
@@ -147,7 +132,7 @@ class UniqueItemsMatcher(GrammarMatcher):
             return bans
         bans = np.union1d(bans, self._dead_end_bans(allowed, bans, 0))
         if bans.size >= int(allowed.sum()):
-            return _EMPTY  # a dead end: let the grammar have its way; the output check reports it
+            return EMPTY  # a dead end: let the grammar have its way; the output check reports it
         return bans
 
     def _completing_bans(self) -> tuple[np.ndarray, np.ndarray | None]:
@@ -155,8 +140,8 @@ class UniqueItemsMatcher(GrammarMatcher):
         stream = self._stream
         frame = stream.pending_unique()
         if frame is None:
-            return _EMPTY, None
-        allowed = self._allowed()
+            return EMPTY, None
+        allowed = self._inner_allowed()
         partial = stream.partial_string(frame)
         if partial is not None:
             bans = self._string_bans(frame, partial)
@@ -212,11 +197,6 @@ class UniqueItemsMatcher(GrammarMatcher):
         n = len(self._table.token_bytes)
         return all(t < n and self._table.blank[t] and self._is_dead_end_after(int(t), depth) for t in escapes)
 
-    def _allowed(self) -> np.ndarray:
-        self._inner.fill_bitmask(torch.from_numpy(self._words))
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little").astype(bool)
-        return bits[: self._vocab]
-
     def _string_bans(self, frame, partial: bytes) -> np.ndarray:
         """Tokens that close the string being read so that it spells an earlier item (as json.dumps
         writes it): the rest of that item's encoding, then the closing quote."""
@@ -225,7 +205,7 @@ class UniqueItemsMatcher(GrammarMatcher):
             spelled = _spelled(key) if key[0] == "s" else None
             if spelled is not None and spelled.startswith(partial):
                 found.append(self._table.with_prefix(spelled[len(partial):] + b'"'))
-        return np.unique(np.concatenate(found)) if found else _EMPTY
+        return np.unique(np.concatenate(found)) if found else EMPTY
 
     def _candidates(self, frame) -> np.ndarray:
         """Tokens that could possibly complete an item of `frame` (each is then tried on a copy)."""
@@ -253,60 +233,9 @@ class UniqueItemsMatcher(GrammarMatcher):
         finally:
             stream.restore(saved)
 
-    def fill_allowed_mask(self, mask: torch.Tensor) -> None:
-        self._inner.fill_allowed_mask(mask)
-        bans = self.banned()
-        if bans.size:
-            mask[torch.from_numpy(bans)] = False
-
-    def fill_bitmask(self, words: torch.Tensor) -> None:
-        self._inner.fill_bitmask(words)
-        bans = self.banned()
-        if not bans.size:
-            return
-        row = words.detach().cpu().numpy().copy().view(np.uint32)
-        np.bitwise_and.at(row, bans >> 5, ~(np.uint32(1) << (bans & 31).astype(np.uint32)))
-        words.copy_(torch.from_numpy(row.view(np.int32)))
-
-    def cpu_mask(self):
-        return None if self.banned().size else self._inner.cpu_mask()
-
     # ---- advancing ----------------------------------------------------------------------------------
     def accept_token(self, token_id: int) -> bool:
         # Only a mask computed for this state bans (forced jump-forward text is never refused here).
         if self._bans_at == self._version and self._bans.size and token_id in set(self._bans.tolist()):
             return False
-        if not self._inner.accept_token(token_id):
-            return False
-        if not self._broken:
-            try:
-                if 0 <= token_id < len(self._table.token_bytes) and self._table.token_bytes[token_id]:
-                    self._stream.feed(self._table.token_bytes[token_id])
-            except Exception:  # noqa: BLE001 - see banned()
-                self._broken = True
-        self._history.append(self._stream.state())
-        self._version += 1
-        return True
-
-    def rollback(self, num_tokens: int) -> None:
-        self._inner.rollback(num_tokens)
-        if num_tokens:
-            del self._history[-num_tokens:]
-            self._stream.restore(self._history[-1])
-            self._version += 1
-
-    def is_terminated(self) -> bool:
-        return self._inner.is_terminated()
-
-    def is_accepting(self) -> bool:
-        return self._inner.is_accepting()
-
-    def jump_forward(self) -> str | None:
-        return self._inner.jump_forward()
-
-    def copy(self) -> "UniqueItemsMatcher":
-        twin = UniqueItemsMatcher(self._inner.copy(), self._scope, self._table, self._vocab)
-        twin._stream.text = bytearray(self._stream.text)
-        twin._stream.restore(self._history[-1])
-        twin._history, twin._broken = list(self._history), self._broken
-        return twin
+        return self._advance(token_id)

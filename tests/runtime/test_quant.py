@@ -211,20 +211,28 @@ def test_gguf_mode_follows_the_linear_weights_type(tiny_llama_dir, tmp_path):
         assert gguf_linear_mode(path) == mode
 
 
-def test_int8_keeps_the_first_layers_dense():
+def _random_llama(tie: bool):
+    """A 30-layer Llama of width 32 (deep enough for int8 to keep 2 layers dense), random normal weights."""
     import transformers
 
-    from radixlm.runtime.model.quant.apply import dense_first_layers, quantize_model
     from radixlm.runtime.model.registry import build_model
 
-    assert [dense_first_layers("int8", n) for n in (2, 14, 15, 30, 32)] == [0, 0, 1, 2, 2]
-    assert dense_first_layers("int4", 30) == dense_first_layers("none", 30) == 0
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=30,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=tie)
     cfg.architectures = ["LlamaForCausalLM"]
     model = build_model(cfg, 64)
     for p in model.parameters():
         p.data.normal_()
+    return model
+
+
+def test_int8_keeps_the_first_layers_dense():
+    from radixlm.runtime.model.quant.apply import dense_first_layers, quantize_model
+
+    assert [dense_first_layers("int8", n) for n in (2, 14, 15, 30, 32)] == [0, 0, 1, 2, 2]
+    assert dense_first_layers("int4", 30) == dense_first_layers("none", 30) == 0
+    model = _random_llama(tie=False)  # LlamaConfig's default
     x = torch.randn(3, 32)
     want = [F.linear(x, layer.gate_up_weight) for layer in model.layers[:3]]
     quantize_model(model, "int8")
@@ -245,19 +253,10 @@ def test_int8_keeps_the_first_layers_dense():
 def test_int8_on_the_packed_layout(tie, layout):
     """The packed layouts (oneDNN tensors, not Parameters) under int8: the first layers stay packed, the rest
     and the LM head are quantized from the packed values (an untied head keeps no dense copy)."""
-    import transformers
-
     from radixlm.runtime.model.quant.apply import quantize_model, weight_bytes
     from radixlm.runtime.model.quant.kernels import Int8Weight
-    from radixlm.runtime.model.registry import build_model
 
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=30,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   tie_word_embeddings=tie)
-    cfg.architectures = ["LlamaForCausalLM"]
-    model = build_model(cfg, 64)
-    for p in model.parameters():
-        p.data.normal_()
+    model = _random_llama(tie)
     x = torch.randn(3, 32)
     want = [F.linear(x, layer.gate_up_weight) for layer in model.layers[:3]]
     head = (model.embed_tokens if tie else model.lm_head).data.clone()
