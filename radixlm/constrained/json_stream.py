@@ -1,10 +1,11 @@
 """An incremental JSON reader over the bytes a constrained request has generated, that knows which arrays
 must hold unique items and which items they already hold, and where each number starts and ends.
 
-Runs in the scheduler process, inside unique_items.py's and number_layer.py's matchers. The grammar guarantees the text is a
-prefix of valid JSON, so this reader only tracks structure (no error recovery). Item values are read back
-with `json.loads` from the text when they complete; snapshots are cheap (frames are small, `seen` sets
-are immutable) so the matcher can keep one per token for rollback and try candidate tokens on a copy.
+Runs in the scheduler process, inside unique_items.py's and number_layer.py's matchers. The grammar
+guarantees the text is a prefix of valid JSON, so this reader only tracks structure (no error recovery).
+Item values are read back with `json.loads` from the text when they complete; snapshots are cheap (frames
+are small, `seen` sets are immutable) so the matcher can keep one per token for rollback and try
+candidate tokens on a copy.
 """
 
 from __future__ import annotations

@@ -70,14 +70,10 @@ def probe_layout(hidden: int, intermediate: int, num_layers: int, threads: int) 
 
 def _candidates(rows: list[torch.Tensor], hidden: int, threads: int) -> dict:
     """(layout, small-step threads) -> (linear, the weights in that layout)."""
-    out = {}
+    column = [column_major(w) if w.shape[1] == hidden else w for w in rows]  # down stays row-major there
+    out = {("column", n): (F.linear, column) for n in {threads, max(1, threads - 1)}}
     if threads >= 2:
-        column = [column_major(w) if w.shape[1] == hidden else w for w in rows]  # down stays row-major there
-        blocks = [as_blocks(w, threads) for w in rows]
-        out = {("blocks", threads): (blocked_linear, blocks), ("column", threads): (F.linear, column),
-               ("column", threads - 1): (F.linear, column)}
-    else:
-        out = {("column", 1): (F.linear, [column_major(w) if w.shape[1] == hidden else w for w in rows])}
+        out[("blocks", threads)] = (blocked_linear, [as_blocks(w, threads) for w in rows])
     if packed_available():
         if threads == 1:  # only as packed_blocks' one-row pass (blocks alone lose few-row steps here)
             out[("blocks", 1)] = (blocked_linear, [as_blocks(w, 1) for w in rows])

@@ -42,7 +42,8 @@ AVX-512 (Zen 4/5); oneDNN dispatches on the ISA itself. On the 2-core AMD EPYC (
 session 25, 1 thread, ms per pass over 12 layers' weights, column / blocks / packed: M=1 8.2 / 5.6 / 7.8,
 M=2 11.9 / 7.8 / 5.8, M=16 22.7 / 27.5 / 10.5, M=128 114 / 116 / 50; prefill (M=512-2048) 95-100 vs
 215-230 GFLOPS (docs/benchmarks.md, "Few-row fp32 matmuls"; benchmarks/small_m_linear.py). With 1 or 2
-threads the blocks still stream one row fastest (2 threads: 3.6 vs 5.9 ms), and lose from 2 rows on: hence packed_blocks, which layout_probe.py weighs against the others.
+threads the blocks still stream one row fastest (2 threads: 3.6 vs 5.9 ms), and lose from 2 rows on:
+hence packed_blocks, which layout_probe.py weighs against the others.
 
 Each layout keeps the logical [out, in] products, so only the `linear` function of the modules changes.
 """

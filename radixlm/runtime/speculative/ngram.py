@@ -33,13 +33,14 @@ class Proposal(NamedTuple):
     source: int | None = None  # where tokens start in the request's own sequence (None: another source)
 
 
-def nearest_after(ends: Sequence[int], cursors: Sequence[int]) -> int | None:
-    """Of the sorted positions ends, the one closest after (or at) any cursor, within CURSOR_WINDOW."""
+def nearest_after(ends: Sequence[int], spans: Sequence[tuple[int, int]]) -> int | None:
+    """Of the sorted positions ends, the one closest after (or at) the start of any span (lo, hi), and not
+    past its hi; None when no span holds one."""
     best = None
-    for c in cursors:
-        i = bisect_left(ends, c)
-        if i < len(ends) and ends[i] - c <= CURSOR_WINDOW and (best is None or ends[i] - c < best[0]):
-            best = (ends[i] - c, ends[i])
+    for lo, hi in spans:
+        i = bisect_left(ends, lo)
+        if i < len(ends) and ends[i] <= hi and (best is None or ends[i] - lo < best[0]):
+            best = (ends[i] - lo, ends[i])
     return None if best is None else best[1]
 
 
@@ -92,7 +93,8 @@ class NgramIndex:
             return None
         if isinstance(ends, int):
             ends = [ends]
-        return (nearest_after(ends, cursors) if cursors else None) or ends[-1]
+        spans = [(c, c + CURSOR_WINDOW) for c in cursors]
+        return (nearest_after(ends, spans) if spans else None) or ends[-1]
 
 
 class LiveNgrams:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Callable, Sequence
 
-from radixlm.runtime.speculative.ngram import CURSOR_WINDOW, Proposal
+from radixlm.runtime.speculative.ngram import CURSOR_WINDOW, Proposal, nearest_after
 
 MAX_CHARS = 32  # the longest suffix (in characters) looked up
 CHARS_PER_TOKEN = 8  # characters of continuation tokenized per draft token wanted
@@ -105,12 +105,6 @@ class TextIndex:
 
     def _near_cursor(self, ends: list[int], cursors: Sequence[int]) -> int | None:
         """The earliest occurrence end at or after a cursor (cursors count tokens), within CURSOR_WINDOW."""
-        best = None
-        for c in cursors:
-            if c >= len(self.offsets):
-                continue
-            lo, hi = self.offsets[c], self.offsets[min(c + CURSOR_WINDOW, len(self.offsets) - 1)]
-            after = [e for e in ends if lo <= e <= hi]
-            if after and (best is None or min(after) - lo < best[0]):
-                best = (min(after) - lo, min(after))
-        return None if best is None else best[1]
+        last = len(self.offsets) - 1
+        spans = [(self.offsets[c], self.offsets[min(c + CURSOR_WINDOW, last)]) for c in cursors if c <= last]
+        return nearest_after(sorted(ends), spans)
