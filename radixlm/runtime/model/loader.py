@@ -9,7 +9,6 @@ rest of radixlm only ever reads config.json + safetensors + tokenizer files.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -20,36 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from radixlm.cache import CACHE_ENV, cache_root, file_lock  # noqa: F401 (re-exported: callers import them from here)
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
-
-CACHE_ENV = "RADIXLM_CACHE_DIR"
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The radixlm cache: cache_dir if given, else $RADIXLM_CACHE_DIR, else the user cache dir."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("radixlm"))
-
-
-@contextmanager
-def file_lock(lock_path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock (fcntl.flock), released on exit or if the holder dies."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
 
 @contextmanager
 def atomic_output_dir(final_dir: Path) -> Iterator[Path]:
