@@ -18,7 +18,7 @@ from radixlm.runtime.engine import Engine
 from radixlm.runtime.model.quant.apply import resolve_quantization
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps
 from radixlm.runtime.model.quant.kernels import (
-    DENSE_MIN_ROWS, GROUP, dequantize, int4_qparams, pack_int4, quant_linear, quantize_int4, quantize_int8,
+    DENSE_MIN_ROWS, GEMV_MAX_ROWS, GROUP, dequantize, int4_qparams, pack_int4, quant_linear, quantize_int4, quantize_int8,
     with_dense,
 )
 from radixlm.runtime.model.quant.setup import resolve_cpu_dtype
@@ -74,6 +74,30 @@ def test_dense_copy_serves_many_row_steps_with_the_same_values(kind):
         # weight copy and the output.
         bound = 3 * BF16_EPS * (_bf16(x).abs() @ ref_w.abs().t()) + 1e-4
         assert bool(((y - F.linear(_bf16(x), ref_w)).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_int8_few_row_steps_run_the_compiled_gemv_in_fp32(isa):
+    """With the compiled ops, int8 steps of <= GEMV_MAX_ROWS rows multiply fp32 activations by the int8
+    values and their fp32 scales (no bf16 rounding anywhere); more rows take torch's kernel as before."""
+    from radixlm.kernels import cpu as cpu_ops
+
+    ops = cpu_ops.load(isa)
+    if ops is None:
+        pytest.skip("the compiled CPU ops are not available here")
+    g = torch.Generator().manual_seed(5)  # 144 inputs: torch's int8 kernel crashes unless a multiple of 16
+    w, bias = torch.randn(96, 144, generator=g) * 0.05, torch.randn(96, generator=g)
+    plain, tiled = quantize_int8(w, torch.bfloat16), quantize_int8(w, torch.bfloat16, ops)
+    assert torch.equal(tiled.qweight, plain.qweight) and tiled.nbytes() > plain.nbytes()
+    exact_w = tiled.qweight.float() * tiled.tiles.scales[:, None]
+    for rows in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1):
+        x = torch.randn(rows, 144, generator=g)
+        y = quant_linear(x, tiled, bias)
+        if rows <= GEMV_MAX_ROWS:
+            torch.testing.assert_close(y, F.linear(x, exact_w, bias), rtol=1e-5, atol=1e-5)
+            assert torch.equal(quant_linear(x.view(rows, 1, 144), tiled, bias), y.view(rows, 1, 96))
+        else:
+            assert torch.equal(y, quant_linear(x, plain, bias))
 
 
 def test_int4_kernel_computes_q_minus_8_times_scale_plus_zero():

@@ -3,8 +3,10 @@
 Runs in the scheduler process, once, after loading and the weight layout (not on tensor-parallel ranks).
 Modes (ModelConfig.quantization, SGLang's --quantization):
   none  fp32 (or the model dtype) as loaded: the reference the parity tests use.
-  int8  8-bit weights with per-channel scales, _weight_int8pack_mm with bf16 activations (fbgemm's
-        dynamic int8 linear was faster but quantizes activations too: +93% perplexity, docs/benchmarks.md).
+  int8  8-bit weights with per-channel scales: steps of <= kernels.GEMV_MAX_ROWS rows run radixlm's
+        compiled int8 GEMV with fp32 activations (radixlm/kernels/cpu, where it builds), others
+        _weight_int8pack_mm with bf16 activations (fbgemm's dynamic int8 linear was faster but quantizes
+        activations too: +93% perplexity, docs/benchmarks.md).
   int4  4-bit weights in groups of 32 inputs (scale + zero each), _weight_int4pack_mm_for_cpu with bf16
         activations (its fp32-activation path was measured 10-40x slower).
   auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
@@ -81,9 +83,9 @@ def resolve_quantization(requested: str, device: torch.device, tp_size: int, ggu
     return requested
 
 
-def _quantizer(mode: str) -> Callable[[torch.Tensor], object]:
+def _quantizer(mode: str, ops=None) -> Callable[[torch.Tensor], object]:
     if mode == "int8":
-        return lambda w: quantize_int8(w, torch.bfloat16)
+        return lambda w: quantize_int8(w, torch.bfloat16, ops)
     if mode == "int4":
         return lambda w: quantize_int4(w, torch.bfloat16)
     raise ValueError(f"not a quantized mode: {mode!r}")
@@ -105,14 +107,16 @@ def _from_source(parts: list[str], source: Int4Source) -> Int4Weight | None:
     return pack_int4(q, scale, zero, torch.bfloat16)
 
 
-def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None, dense: bool = False) -> int:
+def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None, dense: bool = False,
+                   ops=None) -> int:
     """Replace the model's linear weights by `mode`'s quantized ones, in place; returns how many were
     taken from `source` as they are (a GGUF's int4 blocks) instead of quantized from the loaded weights.
     dense: also keep each layer weight's dequantized bf16 copy for many-row steps (kernels.DENSE_MIN_ROWS;
-    only worth its memory where the CPU computes bf16 natively)."""
+    only worth its memory where the CPU computes bf16 natively). ops: the compiled CPU ops
+    (radixlm.kernels.cpu.load()), for int8's few-row GEMV (kernels.GEMV_MAX_ROWS); None: torch's kernel."""
     if mode == "none":
         return 0
-    quantize, exact = _quantizer(mode), 0
+    quantize, exact = _quantizer(mode, ops), 0
     source = source if mode == "int4" else None
     keep = dense_first_layers(mode, len(model.layers))
     for i, layer in enumerate(model.layers):

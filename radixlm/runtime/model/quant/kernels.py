@@ -11,6 +11,7 @@ bf16 weights").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,6 +26,21 @@ GROUP = 32  # int4 group size: GGUF's block size, and it divides every SmolLM2 /
 # 1546 / 136; fp32 745; under load, M=8 int8 146 / int4 109 / bf16 160, M=16 218 / 178 / 194). The copy
 # holds the same dequantized values (rounded to bf16).
 DENSE_MIN_ROWS = 16
+# Steps of at most this many rows multiply an int8 weight's `tiles` (the compiled C++ kernel, fp32
+# activations, radixlm/kernels/cpu/csrc/gemv.cpp) instead of _weight_int8pack_mm: that kernel streams the
+# int8 weights at about the memory rate at 1-4 rows and loses to torch's bf16 one from ~6 rows, where
+# widening each int8 weight to fp32 and one FMA per row and weight make it bound by arithmetic
+# (docs/benchmarks.md, "session 26 int8 GEMV").
+GEMV_MAX_ROWS = 4
+
+
+@dataclass(frozen=True, eq=False)
+class Int8Tiles:
+    """An int8 weight in the compiled GEMV's tiled layout (one build's `pack_rows`) and that build's op."""
+
+    data: torch.Tensor
+    scales: torch.Tensor  # fp32 [out]
+    linear: Callable[..., torch.Tensor]  # (x fp32 [M, in], data, scales, bias | None) -> fp32 [M, out]
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,13 +50,15 @@ class Int8Weight:
     qweight: torch.Tensor
     scales: torch.Tensor
     dense: torch.Tensor | None = None  # bf16 [out, in] copy for many-row steps (DENSE_MIN_ROWS)
+    tiles: Int8Tiles | None = None  # for few-row steps (GEMV_MAX_ROWS), where the compiled ops load
 
     @property
     def shape(self) -> torch.Size:
         return self.qweight.shape
 
     def nbytes(self) -> int:
-        return self.qweight.nbytes + self.scales.nbytes + (0 if self.dense is None else self.dense.nbytes)
+        extra = 0 if self.tiles is None else self.tiles.data.nbytes + self.tiles.scales.nbytes
+        return self.qweight.nbytes + self.scales.nbytes + (0 if self.dense is None else self.dense.nbytes) + extra
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,12 +81,15 @@ class Int4Weight:
 
 
 
-def quantize_int8(w: torch.Tensor, act_dtype: torch.dtype) -> Int8Weight:
-    """Symmetric per-row int8: scale = max|w_row| / 127, q = round(w / scale)."""
+def quantize_int8(w: torch.Tensor, act_dtype: torch.dtype, ops=None) -> Int8Weight:
+    """Symmetric per-row int8: scale = max|w_row| / 127, q = round(w / scale). ops: the compiled CPU ops
+    (radixlm.kernels.cpu.load()) to also keep the tiled copy for few-row steps (GEMV_MAX_ROWS); its scales
+    stay fp32, where torch's kernel needs them in the activation dtype."""
     w = w.float()
     scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return Int8Weight(q.contiguous(), scale.to(act_dtype))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+    tiles = None if ops is None else Int8Tiles(ops.pack_rows(q), scale.contiguous(), ops.int8_linear)
+    return Int8Weight(q, scale.to(act_dtype), tiles=tiles)
 
 
 def int4_qparams(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,6 +149,11 @@ def quant_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
     Activations are cast to the dtype the weight's scales were stored in (the kernels require it)."""
     act = w.scales.dtype if isinstance(w, Int8Weight) else w.scales_zeros.dtype
     x2 = x.reshape(-1, x.shape[-1])
+    tiles = w.tiles if isinstance(w, Int8Weight) else None
+    if tiles is not None and x2.shape[0] <= GEMV_MAX_ROWS and x.dtype == torch.float32 and (
+            bias is None or bias.dtype == torch.float32):
+        y = tiles.linear(x2, tiles.data, tiles.scales, bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
     if w.dense is not None and x2.shape[0] >= DENSE_MIN_ROWS:
         y = F.linear(x2.to(w.dense.dtype), w.dense).to(x.dtype).reshape(*x.shape[:-1], w.dense.shape[0])
         return y if bias is None else y.add_(bias)

@@ -14,7 +14,7 @@ from radixlm.runtime.model.quant.apply import (
     GGUF_MODES, dense_first_layers, quantize_model, resolve_quantization, weight_bytes,
 )
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps, cpu_caps
-from radixlm.runtime.model.quant.kernels import DENSE_MIN_ROWS
+from radixlm.runtime.model.quant.kernels import DENSE_MIN_ROWS, GEMV_MAX_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +72,19 @@ def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
 
         source = read_int4_blocks(plan.gguf_path, hf_config)
     dense = plan.caps.native_bf16  # bf16 GEMMs for many-row steps (kernels.DENSE_MIN_ROWS)
-    exact = quantize_model(model, plan.quantization, source, dense)
+    ops = None
+    if plan.quantization == "int8":  # the compiled few-row GEMV (kernels.GEMV_MAX_ROWS), where it builds
+        from radixlm.kernels import cpu as cpu_ops
+
+        # torch dispatching at AVX2 (an AVX2-only CPU, or forced by ATEN_CPU_CAPABILITY): the AVX2 build too
+        ops = cpu_ops.load("avx2" if plan.caps.capability == "AVX2" else "native")
+    exact = quantize_model(model, plan.quantization, source, dense, ops)
     kept = dense_first_layers(plan.quantization, len(model.layers))
     detail = {"none": "", "int8": f", int8 per channel, bf16 activations, the LM head and the first {kept} "
                                   f"layer(s) {str(plan.dtype).removeprefix('torch.')}",
               "int4": ", int4 groups of 32, bf16 activations"}[plan.quantization]
+    if ops is not None:
+        detail += f", compiled int8 GEMV (fp32 activations) for steps of <= {GEMV_MAX_ROWS} rows"
     if dense and plan.quantization != "none":
         detail += f", bf16 copies for steps of >= {DENSE_MIN_ROWS} rows"
     from_gguf = f", {exact} taken from the GGUF's 4-bit blocks as they are" if source is not None else ""
