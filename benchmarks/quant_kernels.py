@@ -4,8 +4,9 @@ Prints ms per pass over 30 layers' worth of distinct weights (q/k/v fused, o, ga
 nothing stays in cache, for M = 1, 4, 32, 128, 512 rows, and the LM head [49152, 576] alone. Sides:
 fp32 F.linear (row-major), fp32 blocks (weight_layout.py), bf16 F.linear, torch's int8 per-channel
 `_weight_int8pack_mm` and int4 groupwise `_weight_int4pack_mm_for_cpu` with fp32 and bf16 activations,
-fbgemm's dynamic int8 linear (activations quantized too, per tensor).
-Usage: python benchmarks/quant_kernels.py [--rows 1 4 32 128 512] [--threads 2] [--passes 6]
+fbgemm's dynamic int8 linear (activations quantized too, per tensor), and radixlm's compiled few-row
+GEMV (radixlm/kernels/cpu, csrc/gemv.cpp) on int8 and fp32 weights in its tiled layout, fp32 activations.
+Usage: python benchmarks/quant_kernels.py [--rows 1 4 32 128 512] [--threads 2] [--passes 6] [--only int8 gemv]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels.cpu import load
 from radixlm.runtime.model.weight_layout import as_blocks, blocked_linear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
@@ -38,26 +40,40 @@ def int4_pack(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
 
 
-def sides(weights: list[torch.Tensor], threads: int) -> dict[str, tuple]:
-    """name -> (activation dtype, [(fn, args) per weight])."""
+def sides(weights: list[torch.Tensor], threads: int, only: list[str]) -> dict[str, tuple]:
+    """name -> (activation dtype, [(fn, args) per weight]); only: keep the names containing one of these."""
     bf = torch.bfloat16
-    out: dict[str, tuple] = {
-        "fp32 row": (torch.float32, [(F.linear, (w,)) for w in weights]),
-        "fp32 blocks": (torch.float32, [(blocked_linear, (as_blocks(w.clone(), threads),)) for w in weights]),
-        "bf16 F.linear": (bf, [(F.linear, (w.to(bf),)) for w in weights]),
-    }
+    out: dict[str, tuple] = {}
+
+    def want(name: str) -> bool:
+        return not only or any(o in name for o in only)
+
+    def add(name: str, dtype: torch.dtype, calls) -> None:
+        if want(name):
+            out[name] = (dtype, list(calls()))
+
+    add("fp32 row", torch.float32, lambda: [(F.linear, (w,)) for w in weights])
+    add("fp32 blocks", torch.float32, lambda: [(blocked_linear, (as_blocks(w.clone(), threads),)) for w in weights])
+    add("bf16 F.linear", bf, lambda: [(F.linear, (w.to(bf),)) for w in weights])
     i8 = [int8_pack(w) for w in weights]
-    out["int8 fp32-act"] = (torch.float32, [(torch.ops.aten._weight_int8pack_mm, (q, s)) for q, s in i8])
-    out["int8 bf16-act"] = (bf, [(torch.ops.aten._weight_int8pack_mm, (q, s.to(bf))) for q, s in i8])
+    add("int8 fp32-act", torch.float32, lambda: [(torch.ops.aten._weight_int8pack_mm, (q, s)) for q, s in i8])
+    add("int8 bf16-act", bf, lambda: [(torch.ops.aten._weight_int8pack_mm, (q, s.to(bf))) for q, s in i8])
     for g in (32, 64):
-        i4 = [int4_pack(w, g) for w in weights]
         for name, dt in (("fp32", torch.float32), ("bf16", bf)):
-            out[f"int4 g{g} {name}-act"] = (dt, [(_int4(g), (p, sz.to(dt))) for p, sz in i4])
-    dyn = [torch.ops.quantized.linear_prepack(
-        torch.quantize_per_channel(w, int8_pack(w)[1].double(), torch.zeros(w.shape[0], dtype=torch.long), 0,
-                                   torch.qint8)) for w in weights]
-    out["fbgemm dyn int8"] = (torch.float32, [(_dyn, (p,)) for p in dyn])
+            add(f"int4 g{g} {name}-act", dt,
+                lambda g=g, dt=dt: [(_int4(g), (p, sz.to(dt))) for p, sz in (int4_pack(w, g) for w in weights)])
+    add("fbgemm dyn int8", torch.float32, lambda: [(_dyn, (_prepack(w),)) for w in weights])
+    ops = load()
+    if ops is not None:
+        add("int8 gemv C++", torch.float32, lambda: [(ops.int8_linear, (ops.pack_rows(q), s, None)) for q, s in i8])
+        add("fp32 gemv C++", torch.float32,
+            lambda: [(ops.f32_linear, (ops.pack_rows(w), w.shape[0], None)) for w in weights])
     return out
+
+
+def _prepack(w: torch.Tensor):
+    return torch.ops.quantized.linear_prepack(torch.quantize_per_channel(
+        w, int8_pack(w)[1].double(), torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8))
 
 
 def _int4(group: int):
@@ -90,6 +106,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--only", nargs="+", default=[], help="keep the sides whose name contains one of these")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -98,9 +115,9 @@ def main() -> None:
     for label, shapes, layers in (("layers", SHAPES, args.layers), ("LM head", [HEAD], 1)):
         full = [torch.randn(*s) * 0.02 for _ in range(layers) for s in shapes]
         few = full[: len(shapes) * max(1, layers // 5)] if layers > 5 else full
-        tables = {id(full): sides(full, args.threads)}
+        tables = {id(full): sides(full, args.threads, args.only)}
         if few is not full:
-            tables[id(few)] = sides(few, args.threads)
+            tables[id(few)] = sides(few, args.threads, args.only)
         results = {}
         with torch.inference_mode():
             for m in args.rows:

@@ -45,7 +45,7 @@ _EXTRAS: dict[str, FlagExtra] = {
                                   "processes on 3-8 cores, docs/server.md)"),
     "attention_backend": FlagExtra(choices=("auto", "torch", "triton")),
     "seed": FlagExtra(names=("--random-seed",), help="global RNG seed for unseeded sampling"),
-    "weight_layout": FlagExtra(choices=("auto", "row", "column", "blocks", "packed", "packed_blocks")),
+    "weight_layout": FlagExtra(choices=("auto", "row", "column", "blocks", "packed", "packed_blocks", "packed_tiles")),
     "tp_size": FlagExtra(help="tensor-parallel ranks (docs/scaling.md)"),
     "nnodes": FlagExtra(help="machines the tp ranks span"),
     "node_rank": FlagExtra(help="this machine (0 runs the server)"),

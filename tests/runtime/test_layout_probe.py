@@ -20,7 +20,7 @@ def test_no_probe_for_a_tiny_model():
 def test_one_thread_probes_only_with_onednn():
     picked = probe_layout(512, 1536, 8, 1)
     if packed_available():
-        assert picked in {("column", 1), ("packed", 1), ("packed_blocks", 1)}
+        assert picked in {("column", 1), ("packed", 1), ("packed_blocks", 1), ("packed_tiles", 1)}
     else:
         assert picked is None  # one thread without oneDNN: the static rule (column)
 
@@ -28,13 +28,14 @@ def test_one_thread_probes_only_with_onednn():
 def test_probe_picks_a_measured_candidate_and_restores_threads():
     before = torch.get_num_threads()
     picked = probe_layout(512, 1536, 8, 2)  # ~90 MB of fp32 weights
-    assert picked in {("blocks", 2), ("column", 2), ("column", 1), ("packed", 2), ("packed", 1), ("packed_blocks", 2)}
+    assert picked in {("blocks", 2), ("column", 2), ("column", 1), ("packed", 2), ("packed", 1), ("packed_blocks", 2),
+                      ("packed_tiles", 2)}
     assert torch.get_num_threads() == before
     assert probe_layout(512, 1536, 8, 2) == picked  # once per process
 
 
 @pytest.mark.parametrize("picked", [("column", 1), ("column", 2), ("blocks", 2), ("packed", 2),
-                                    ("packed_blocks", 2)])
+                                    ("packed_blocks", 2), ("packed_tiles", 2)])
 def test_runner_takes_the_measured_layout(tiny_llama_dir, monkeypatch, picked):
     monkeypatch.setattr(model_runner, "probe_layout", lambda *args: picked)
     with Engine(str(tiny_llama_dir), num_threads=2) as engine:

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.model.weight_layout import (PackedRows, as_blocks, block_count, blocked_linear, column_major,
-                                                 pack, packed_available, packed_linear, resolve_layout)
+from radixlm.runtime.model.weight_layout import (PackedRows, Tiles, as_blocks, as_tiles, block_count, blocked_linear,
+                                                 column_major, pack, packed_available, packed_linear, resolve_layout,
+                                                 tile_ops, tiled_linear)
 from radixlm.testing import hf_greedy_ids
 
 PROMPTS = ["Paris", "The quick brown fox jumps over the lazy dog", "1 2 3 4 5 6 7 8"]
@@ -71,6 +72,12 @@ def test_packed_linear_equals_linear(m, with_bias):
     both = PackedRows(packed, as_blocks(w, 2))  # packed_blocks: one row through the blocks, more packed
     want = blocked_linear(x, both.rows, bias) if m == 1 else packed_linear(x, packed, bias)
     assert torch.equal(packed_linear(x, both, bias), want)
+    ops = tile_ops()
+    if ops is not None:  # packed_tiles: one row through the compiled GEMV, more packed
+        tiled = PackedRows(packed, as_tiles(w, ops))
+        want = tiled_linear(x, tiled.rows, bias) if m == 1 else packed_linear(x, packed, bias)
+        assert torch.equal(packed_linear(x, tiled, bias), want)
+        torch.testing.assert_close(tiled_linear(x, tiled.rows, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
 
 
 def test_resolve_layout():
@@ -88,7 +95,8 @@ def test_resolve_layout():
                                             pytest.param("packed", 2, marks=needs_onednn),
                                             pytest.param("packed", 1, marks=needs_onednn),
                                             pytest.param("packed_blocks", 2, marks=needs_onednn),
-                                            pytest.param("packed_blocks", 1, marks=needs_onednn)])
+                                            pytest.param("packed_blocks", 1, marks=needs_onednn),
+                                            pytest.param("packed_tiles", 2, marks=needs_onednn)])
 def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, threads):
     with Engine(str(tiny_llama_dir), weight_layout=layout, num_threads=threads) as engine:
         model = engine.runner.model
@@ -103,6 +111,10 @@ def test_layouts_give_transformers_greedy_outputs(tiny_llama_dir, layout, thread
             for w in (layer.self_attn.qkv_weight, layer.down_weight):
                 assert isinstance(w, PackedRows) and w.packed.is_mkldnn and w.rows.dim() == 3
             assert layer.linear is packed_linear and isinstance(model.lm_head_matmul, PackedRows)
+        elif chosen == "packed_tiles":  # packed, and the compiled GEMV's tiled copy for one-row steps
+            for w in (layer.self_attn.qkv_weight, layer.down_weight, model.lm_head_matmul):
+                assert isinstance(w, PackedRows) and w.packed.is_mkldnn and isinstance(w.rows, Tiles)
+            assert layer.linear is packed_linear and engine.runner.threads.small == threads
         elif chosen == "packed":
             assert layer.self_attn.qkv_weight.is_mkldnn and layer.down_weight.is_mkldnn
             assert layer.linear is packed_linear and model.linear is packed_linear

@@ -14,7 +14,8 @@ wins one row narrowly but doubles the few-row time (column on the AMD EPYC of se
 at one row, 13-25 vs 7-11 ms at 2-16 rows for packed) loses. The "packed" layout (oneDNN) is a candidate
 where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs), and so is
 "packed_blocks" (the blocks' one-row pass with packed's few-row pass, where its second copy of the weights
-fits: weight_layout.rows_copy_fits; on that EPYC, 1 thread, 12 layers: M=1 blocks 5.6 / packed 7.8 ms).
+fits: weight_layout.rows_copy_fits; on that EPYC, 1 thread, 12 layers: M=1 blocks 5.6 / packed 7.8 ms), and
+"packed_tiles" (the same with radixlm's compiled fp32 GEMV for the one-row pass, where the ops build).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.model.weight_layout import (as_blocks, blocked_linear, column_major, pack, packed_available,
-                                                 packed_linear, rows_copy_fits)
+from radixlm.runtime.model.weight_layout import (as_blocks, as_tiles, blocked_linear, column_major, pack,
+                                                 packed_available, packed_linear, rows_copy_fits, tile_ops,
+                                                 tiled_linear)
 
 PROBE_BYTES = 96 << 20  # weights per pass: past a 2-core VM's share of the caches
 MIN_MODEL_BYTES = 32 << 20  # smaller models (test checkpoints) keep the static rule: nothing to gain
@@ -63,6 +65,9 @@ def probe_layout(hidden: int, intermediate: int, num_layers: int, threads: int) 
     if ("packed", threads) in best and ("blocks", threads) in best and rows_copy_fits(per_layer * num_layers):
         # packed_blocks runs one-row steps in the blocks and the rest packed: its passes are theirs
         best[("packed_blocks", threads)] = [best[("blocks", threads)][0], best[("packed", threads)][1]]
+    tiles = best.pop(("tiles", threads), None)  # only as packed_tiles' one-row pass
+    if tiles is not None and ("packed", threads) in best and rows_copy_fits(per_layer * num_layers):
+        best[("packed_tiles", threads)] = [tiles[0], best[("packed", threads)][1]]
     if threads == 1:
         best.pop(("blocks", 1), None)
     return min(best, key=lambda key: sum(best[key]))
@@ -79,4 +84,7 @@ def _candidates(rows: list[torch.Tensor], hidden: int, threads: int) -> dict:
             out[("blocks", 1)] = (blocked_linear, [as_blocks(w, 1) for w in rows])
         packed = [pack(w) for w in rows]
         out.update({("packed", n): (packed_linear, packed) for n in {threads, max(1, threads - 1)}})
+        ops = tile_ops()
+        if ops is not None:  # the compiled GEMV (packed_tiles' one-row pass)
+            out[("tiles", threads)] = (tiled_linear, [as_tiles(w, ops) for w in rows])
     return out

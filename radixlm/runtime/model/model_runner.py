@@ -92,7 +92,8 @@ class StepThreads:
         elif measured is not None:
             small = measured
         else:
-            small = full - 1 if 2 <= full <= 8 and layout not in ("blocks", "packed", "packed_blocks") else full
+            small = full - 1 if 2 <= full <= 8 and layout not in ("blocks", "packed", "packed_blocks",
+                                                                         "packed_tiles") else full
         if full < 1 or small < 1:
             raise ValueError("num_threads and small_step_threads must be >= 1")
         return cls(full, small)

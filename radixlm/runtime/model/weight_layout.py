@@ -36,6 +36,11 @@ its time, so:
             inductor's weight prepacking uses) at every row count.
     packed_blocks: packed, plus the blocks view of the row-major layer weights for one-row steps (a second
             copy of the layers' weights: only where that is <= 1/8 of the RAM, rows_copy_fits).
+    packed_tiles: packed, plus a tiled copy of every weight (the LM head too) for one-row steps, multiplied
+            by radixlm's compiled fp32 GEMV (radixlm/kernels/cpu, csrc/gemv.cpp: blocks of output rows
+            interleaved so each block is one memory stream, threads over blocks); packed_blocks where the
+            compiled ops do not load. Session 26, Zen 5, 1 thread, ms per pass over 30 layers at one row:
+            blocks 14.9, tiles 11.5; LM head 3.6 vs 3.1 (docs/benchmarks.md, "session 26 int8 GEMV").
 
 Why "packed": torch's fp32 F.linear calls MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
 AVX-512 (Zen 4/5); oneDNN dispatches on the ISA itself. On the 2-core AMD EPYC (Zen 5, AVX-512) of
@@ -51,13 +56,14 @@ Each layout keeps the logical [out, in] products, so only the `linear` function 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-LAYOUTS = ("auto", "row", "column", "blocks", "packed", "packed_blocks")
+LAYOUTS = ("auto", "row", "column", "blocks", "packed", "packed_blocks", "packed_tiles")
 
 
 def resolve_layout(layout: str, device: torch.device, dtype: torch.dtype, threads: int) -> str:
@@ -68,6 +74,8 @@ def resolve_layout(layout: str, device: torch.device, dtype: torch.dtype, thread
         return "row"  # measured only for fp32 on CPU; GPUs and bf16 keep the loaded layout
     if layout == "auto" or (layout.startswith("packed") and not packed_available()):
         return "blocks" if threads >= 2 else "column"
+    if layout == "packed_tiles" and tile_ops() is None:
+        return "packed_blocks"
     return layout
 
 
@@ -124,13 +132,44 @@ def pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
 
 
+def tile_ops():
+    """The compiled CPU ops' namespace (radixlm.kernels.cpu: pack_rows, f32_linear), or None."""
+    from radixlm.kernels.cpu import load
+
+    return load()
+
+
+@dataclass(frozen=True, eq=False)
+class Tiles:
+    """An fp32 [out, in] weight in the compiled GEMV's tiled layout (csrc/gemv.cpp pack_rows) and that
+    build's f32_linear (x fp32 [M, in], data, out_features, bias | None) -> [M, out]."""
+
+    data: torch.Tensor
+    out_features: int
+    linear: Callable[..., torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+def as_tiles(w: torch.Tensor, ops) -> Tiles:
+    return Tiles(ops.pack_rows(w.contiguous()), w.shape[0], ops.f32_linear)
+
+
+def tiled_linear(x: torch.Tensor, w: Tiles, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = w.linear(x.reshape(-1, x.shape[-1]), w.data, w.out_features, bias)
+    return y.reshape(*x.shape[:-1], w.out_features)
+
+
 @dataclass(frozen=True, eq=False)
 class PackedRows:
-    """The packed_blocks layout's weight: oneDNN's packed copy for steps of several rows, and the blocks view
-    of the row-major matrix for one-row steps (measured faster there with >= 2 threads)."""
+    """The packed_blocks / packed_tiles layouts' weight: oneDNN's packed copy for steps of several rows, and
+    for one-row steps the blocks view of the row-major matrix (measured faster there with >= 2 threads) or
+    its tiled copy (the compiled GEMV)."""
 
     packed: torch.Tensor
-    rows: torch.Tensor
+    rows: torch.Tensor | Tiles
 
     @property
     def shape(self) -> torch.Size:
@@ -145,6 +184,8 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor | PackedRows, bias: torch.Ten
     goes to F.linear."""
     if isinstance(w, PackedRows):
         if x.dim() == 2 and x.shape[0] == 1:
+            if isinstance(w.rows, Tiles):
+                return tiled_linear(x, w.rows, bias)
             return blocked_linear(x, w.rows, bias)
         w = w.packed
     if not w.is_mkldnn:
@@ -157,22 +198,27 @@ def rows_copy_fits(nbytes: int) -> bool:
     return nbytes * 8 <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _apply_packed(model: nn.Module, head: torch.Tensor, one_row_blocks: int) -> None:
-    """one_row_blocks: 0 for "packed"; else the threads of the blocks view kept for one-row steps."""
+def _apply_packed(model: nn.Module, head: torch.Tensor, one_row_blocks: int, ops=None) -> None:
+    """one_row_blocks: 0 for "packed"; else the threads of the blocks view kept for one-row steps.
+    ops: the compiled ops for packed_tiles (a tiled copy for one-row steps instead of the blocks view)."""
     for layer in model.layers:
         attn = layer.self_attn
         for owner, name in ((attn, "qkv_weight"), (attn, "o_weight"), (layer, "gate_up_weight"),
                             (layer, "down_weight")):
             dense = getattr(owner, name).data
             packed = pack(dense)
-            if one_row_blocks:
+            if ops is not None:
+                packed = PackedRows(packed, as_tiles(dense, ops))
+            elif one_row_blocks:
                 packed = PackedRows(packed, as_blocks(dense, one_row_blocks))
             del owner._parameters[name]  # a plain attribute now: an nn.Parameter cannot hold an mkldnn tensor
             setattr(owner, name, packed)
         layer.linear = attn.linear = packed_linear
     model.linear = packed_linear
     model.lm_head_matmul = pack(head.data)  # a copy: the embedding lookup keeps `head`
-    if one_row_blocks:  # one row of logits: blocks 2.7 vs packed 2.9 ms (2 threads); a view of `head`
+    if ops is not None:  # a copy (vocab x hidden x 4 bytes more)
+        model.lm_head_matmul = PackedRows(model.lm_head_matmul, as_tiles(head.data, ops))
+    elif one_row_blocks:  # one row of logits: blocks 2.7 vs packed 2.9 ms (2 threads); a view of `head`
         model.lm_head_matmul = PackedRows(model.lm_head_matmul, as_blocks(head.data, one_row_blocks))
     if model.lm_head is not None:  # an untied head is used only as a matmul: drop the dense copy
         model.lm_head = None
@@ -185,6 +231,9 @@ def apply_weight_layout(model: nn.Module, layout: str, threads: int) -> None:
     head = model.embed_tokens if model.lm_head is None else model.lm_head
     if layout in ("packed", "packed_blocks"):
         _apply_packed(model, head, threads if layout == "packed_blocks" else 0)
+        return
+    if layout == "packed_tiles":
+        _apply_packed(model, head, threads, tile_ops())
         return
     if layout == "column":
         for layer in model.layers:
