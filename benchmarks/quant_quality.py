@@ -4,7 +4,7 @@ Perplexity of a fixed public-domain text (benchmarks/data/declaration.txt, ~2.7k
 prompt through the Engine's input logprobs), greedy agreement with fp32 over chat prompts (share of
 identical continuations, and mean share of tokens before the first difference), and with --speed the
 batch-1 decode tok/s of each mode (sides alternated, best of --repeats). Each mode is a real Engine.
-Usage: python benchmarks/quant_quality.py [--modes fp32 bf16 int8 int4] [--new 32] [--speed]
+Usage: python benchmarks/quant_quality.py [--modes fp32 bf16 int8 int4 int8-gemv int8-torch] [--new 32] [--speed]
 """
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ from pathlib import Path
 import torch
 
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.model.quant import kernels as _kernels
 from radixlm.runtime.model.quant.cpu_caps import cpu_caps
 
 TEXT = Path(__file__).parent / "data" / "declaration.txt"
 MODES = {"fp32": {"quantization": "none", "dtype": "float32"},
          "bf16": {"quantization": "none", "dtype": "bfloat16"},
          "int8": {"quantization": "int8", "dtype": "float32"},
-         "int4": {"quantization": "int4", "dtype": "float32"}}
+         "int4": {"quantization": "int4", "dtype": "float32"},
+         # int8 with one kernel at every row count (perplexity is scored in one many-row prefill, where
+         # plain int8 runs the bf16 copies): gemv = radixlm's compiled GEMV, fp32 activations (what every
+         # batch-1 decode step computes); torch = _weight_int8pack_mm, bf16 activations (before session 26)
+         "int8-gemv": {"quantization": "int8", "dtype": "float32"},
+         "int8-torch": {"quantization": "int8", "dtype": "float32"}}
+# mode -> (kernels.GEMV_MAX_ROWS, kernels.DENSE_MIN_ROWS) while it runs (the Engine runs in this process)
+KERNEL_ROWS = {"int8-gemv": (1 << 30, 1 << 30), "int8-torch": (0, 1 << 30)}
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
            "Explain what a hash table is in two sentences.", "List three prime numbers greater than 50.",
            "Translate 'good morning' into Spanish and German.", "What causes the seasons on Earth?",
@@ -78,10 +86,17 @@ def speed_rounds(modes: list[str], repeats: int, threads: int | None) -> dict[st
     return best
 
 
+_DEFAULT_ROWS = (_kernels.GEMV_MAX_ROWS, _kernels.DENSE_MIN_ROWS)
+
+
+def _use_kernels(mode: str) -> None:
+    _kernels.GEMV_MAX_ROWS, _kernels.DENSE_MIN_ROWS = KERNEL_ROWS.get(mode, _DEFAULT_ROWS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--modes", nargs="+", default=["fp32", "bf16", "int8", "int4"], choices=list(MODES))
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--speed-one", choices=list(MODES), help=argparse.SUPPRESS)
@@ -90,14 +105,16 @@ def main() -> None:
     args = ap.parse_args()
     extra = {"num_threads": args.threads} if args.threads else {}
     if args.speed_one:
+        _use_kernels(args.speed_one)
         with Engine(args.model, **MODES[args.speed_one], **extra) as e:
             decode_tok_s(e, 8)  # warm-up
             print(decode_tok_s(e))
         return
     print(f"torch {torch.__version__}, CPU {cpu_caps().describe()}, load {os.getloadavg()[0]:.1f}")
     ref = base = None
-    print(f"{'mode':>6} {'ppl':>8} {'vs fp32':>8} {'same':>6} {'prefix':>7}")
+    print(f"{'mode':>10} {'ppl':>8} {'vs fp32':>8} {'same':>6} {'prefix':>7}")
     for m in args.modes:
+        _use_kernels(m)
         with Engine(args.model, **MODES[m], **extra) as e:
             ids = e.tokenizer(TEXT.read_text())["input_ids"]
             ppl, outs = perplexity(e, ids), greedy(e, args.new)
@@ -106,7 +123,7 @@ def main() -> None:
             ref, base = outs, ppl
         rel = f"{(ppl / base - 1) * 100:+.2f}%" if base else "-"
         same, prefix = agreement(ref, outs) if ref else (float("nan"),) * 2
-        print(f"{m:>6} {ppl:8.3f} {rel:>8} {same:6.2f} {prefix:7.2f}", flush=True)
+        print(f"{m:>10} {ppl:8.3f} {rel:>8} {same:6.2f} {prefix:7.2f}", flush=True)
     print(f"text: {TEXT.name}, {len(ids)} tokens; greedy: {len(PROMPTS)} chat prompts x {args.new} tokens")
     if args.speed:
         best = speed_rounds(args.modes, args.repeats, args.threads)

@@ -15,19 +15,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <optional>
-#include <utility>
 
 namespace {
 
 #if defined(__AVX512F__)
 constexpr int W = 16;  // fp32 lanes per vector
-#ifndef GEMV_NM
-#define GEMV_NM 4
-#endif
-constexpr int NM = GEMV_NM;  // rows of x per tile: NM * NR accumulators + NR weight vectors fit the 32 registers
+constexpr int NR = 8;  // output rows per block (the tiled layout)
 using vec = __m512;
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
@@ -43,7 +38,7 @@ inline float hsum(vec v) {
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int W = 8;
-constexpr int NM = 2;  // 16 registers: 2 * 4 accumulators + 4 weights + x
+constexpr int NR = 4;
 using vec = __m256;
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
@@ -58,7 +53,7 @@ inline float hsum(vec v) {
 }
 #else  // portable: 8 lanes in an array, which the compiler vectorizes where it can
 constexpr int W = 8;
-constexpr int NM = 2;
+constexpr int NR = 4;
 struct vec { float v[8]; };
 inline vec vzero() { return vec{}; }
 template <typename T>
@@ -69,52 +64,54 @@ inline float hsum(vec v) {
 }
 #endif
 
-#ifndef GEMV_NR
-#if defined(__AVX512F__)
-#define GEMV_NR 8
-#else
-#define GEMV_NR 4
-#endif
-#endif
-constexpr int NR = GEMV_NR;  // output rows per block
+// Rows of x a tile multiplies at once: up to 2 with all NR rows of a block, 3-4 with half of them (so the
+// accumulators, x vectors and a weight vector fit the registers: AVX-512 4 * 4 + 4 + 1 of 32, AVX2
+// 4 * 2 + 4 + 1 of 16). A tile's shape never changes an output's arithmetic, only how often a weight is
+// loaded and widened: once per 2 rows of x, or per 4 with half blocks.
+constexpr int NM = 4;
 
 // The tiled layout (`pack_rows`): blocks of NR output rows; in a block, for each W-wide slice of the
 // inputs, the NR rows' W values one after another. A block is then one contiguous run read front to back
-// (one prefetch stream, where NR separate row streams measured ~2x slower than the CPU's memory rate).
+// (one prefetch stream: reading NR row-major rows side by side measured 1.4x slower, SmolLM2's int8
+// matmuls at one row, 1 thread, Zen 5).
 // Rows and inputs are zero-padded to multiples of NR and W. The layout depends on the build (W, NR), so
 // each build packs its own.
 int64_t padded(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-// out[m][r] = the dot products of NM_ rows of x (stride ldx, zero-padded to kp) with a block's NR rows.
-template <typename T, int NM_>
-void tile(const float* x, int64_t ldx, const T* w, int64_t kp, float out[NM][NR]) {
-  vec acc[NM_][NR];
+// out[m][r0 + r] = the dot products of NM_ rows of x (stride ldx, zero-padded to kp) with rows r0 ..
+// r0 + NR_ of a block.
+template <typename T, int NM_, int NR_>
+void tile(const float* x, int64_t ldx, const T* w, int64_t kp, int r0, float out[NM][NR]) {
+  vec acc[NM_][NR_];
   for (int m = 0; m < NM_; ++m)
-    for (int r = 0; r < NR; ++r) acc[m][r] = vzero();
+    for (int r = 0; r < NR_; ++r) acc[m][r] = vzero();
+  w += r0 * W;
   for (int64_t i = 0; i < kp; i += W, w += NR * W) {
     vec xv[NM_];
     for (int m = 0; m < NM_; ++m) xv[m] = vload(x + m * ldx + i);
-    for (int r = 0; r < NR; ++r) {
+    for (int r = 0; r < NR_; ++r) {
       vec wv = vload(w + r * W);
       for (int m = 0; m < NM_; ++m) acc[m][r] = vfma(xv[m], wv, acc[m][r]);
     }
   }
   for (int m = 0; m < NM_; ++m)
-    for (int r = 0; r < NR; ++r) out[m][r] = hsum(acc[m][r]);
+    for (int r = 0; r < NR_; ++r) out[m][r0 + r] = hsum(acc[m][r]);
 }
 
+// The block's NR rows times nm (1..NM) rows of x.
 template <typename T>
-using TileFn = void (*)(const float*, int64_t, const T*, int64_t, float[NM][NR]);
-
-template <typename T, int... Ms>
-constexpr std::array<TileFn<T>, NM> tiles(std::integer_sequence<int, Ms...>) {  // [nm - 1]
-  return {&tile<T, Ms + 1>...};
+void block(const float* x, int64_t nm, const T* w, int64_t kp, float out[NM][NR]) {
+  switch (nm) {
+    case 1: tile<T, 1, NR>(x, kp, w, kp, 0, out); break;
+    case 2: tile<T, 2, NR>(x, kp, w, kp, 0, out); break;
+    case 3: tile<T, 3, NR / 2>(x, kp, w, kp, 0, out); tile<T, 3, NR / 2>(x, kp, w, kp, NR / 2, out); break;
+    default: tile<T, 4, NR / 2>(x, kp, w, kp, 0, out); tile<T, 4, NR / 2>(x, kp, w, kp, NR / 2, out);
+  }
 }
 
 template <typename T>
 void gemv(const float* x, int64_t rows, int64_t kp, const T* w, int64_t n, const float* scale, const float* bias,
           float* y) {
-  static constexpr auto table = tiles<T>(std::make_integer_sequence<int, NM>{});
   const int64_t blocks = (n + NR - 1) / NR;
   // At least ~64 KB of weights per thread: below that a wake-up costs more than the split saves.
   const int64_t grain = std::max<int64_t>(1, 65536 / (NR * kp * int64_t(sizeof(T))));
@@ -124,7 +121,7 @@ void gemv(const float* x, int64_t rows, int64_t kp, const T* w, int64_t n, const
       const int64_t o = b * NR, nr = std::min<int64_t>(NR, n - o);
       for (int64_t m0 = 0; m0 < rows; m0 += NM) {
         const int64_t nm = std::min<int64_t>(NM, rows - m0);
-        table[nm - 1](x + m0 * kp, kp, w + o * kp, kp, out);
+        block<T>(x + m0 * kp, nm, w + o * kp, kp, out);
         for (int64_t m = 0; m < nm; ++m) {
           float* yr = y + (m0 + m) * n + o;
           for (int64_t r = 0; r < nr; ++r) {
