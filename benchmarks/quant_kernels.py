@@ -6,7 +6,7 @@ fp32 F.linear (row-major), fp32 blocks (weight_layout.py), bf16 F.linear, torch'
 `_weight_int8pack_mm` and int4 groupwise `_weight_int4pack_mm_for_cpu` with fp32 and bf16 activations,
 fbgemm's dynamic int8 linear (activations quantized too, per tensor), and radixlm's compiled few-row
 GEMV (radixlm/kernels/cpu, csrc/gemv.cpp) on int8 and fp32 weights in its tiled layout, fp32 activations.
-Usage: python benchmarks/quant_kernels.py [--rows 1 4 32 128 512] [--threads 2] [--passes 6] [--only int8 gemv]
+Usage: python benchmarks/quant_kernels.py [--rows 1 4 32 128 512] [--threads 2] [--passes 6] [--only int8 gemv] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ def _dyn(x: torch.Tensor, packed) -> torch.Tensor:
     return torch.ops.quantized.linear_dynamic(x, packed, True)
 
 
+CLOCK = time.perf_counter  # --cpu-time: time.thread_time (1 thread: time slices lost to other processes drop out)
+
+
 def run_table(table: dict[str, tuple], weights: list[torch.Tensor], m: int, passes: int, scale: int) -> dict[str, float]:
     """Min ms per pass of each side, the sides interleaved pass by pass (a loaded machine's noise only
     ever adds time, so the minimum is the estimate least disturbed by it)."""
@@ -92,11 +95,11 @@ def run_table(table: dict[str, tuple], weights: list[torch.Tensor], m: int, pass
     best = dict.fromkeys(table, float("inf"))
     for rep in range(passes + 1):
         for name, (dtype, calls) in table.items():
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             for (fn, args), k in zip(calls, ks):
                 fn(xs[dtype, k], *args)
             if rep:  # the first pass warms up
-                best[name] = min(best[name], (time.perf_counter() - t0) * 1000 * scale)
+                best[name] = min(best[name], (CLOCK() - t0) * 1000 * scale)
     return best
 
 
@@ -107,7 +110,13 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--only", nargs="+", default=[], help="keep the sides whose name contains one of these")
+    ap.add_argument("--cpu-time", action="store_true", help="time the calling thread's CPU time (1 thread only)")
     args = ap.parse_args()
+    if args.cpu_time:
+        if args.threads != 1:
+            ap.error("--cpu-time needs --threads 1 (other threads' work would not be counted)")
+        global CLOCK
+        CLOCK = time.thread_time
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "

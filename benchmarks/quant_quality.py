@@ -5,6 +5,7 @@ prompt through the Engine's input logprobs), greedy agreement with fp32 over cha
 identical continuations, and mean share of tokens before the first difference), and with --speed the
 batch-1 decode tok/s of each mode (sides alternated, best of --repeats). Each mode is a real Engine.
 Usage: python benchmarks/quant_quality.py [--modes fp32 bf16 int8 int4 int8-gemv int8-torch] [--new 32] [--speed]
+       [--speed-only] [--threads 1 --cpu-time]
 """
 
 from __future__ import annotations
@@ -65,14 +66,17 @@ def agreement(ref: list[list[int]], got: list[list[int]]) -> tuple[float, float]
     return same, sum(prefix) / len(prefix)
 
 
-def decode_tok_s(engine: Engine, new: int = 64) -> float:
-    t0 = time.perf_counter()
+def decode_tok_s(engine: Engine, new: int = 64, cpu: bool = False) -> float:
+    """Batch-1 decode tok/s; cpu: tokens per second of this process's CPU time instead of wall time
+    (with one thread, a measure that a loaded machine's time slicing leaves alone)."""
+    clock = time.process_time if cpu else time.perf_counter
+    t0 = clock()
     out = engine.generate("The history of the printing press", {"max_new_tokens": new, "temperature": 0,
                                                                "ignore_eos": True})
-    return out["meta_info"]["completion_tokens"] / (time.perf_counter() - t0)
+    return out["meta_info"]["completion_tokens"] / (clock() - t0)
 
 
-def speed_rounds(modes: list[str], repeats: int, threads: int | None) -> dict[str, float]:
+def speed_rounds(modes: list[str], repeats: int, threads: int | None, cpu: bool) -> dict[str, float]:
     """Best batch-1 decode tok/s per mode, each run in its own process (one OpenMP pool each), alternated."""
     import subprocess
     import sys
@@ -81,6 +85,7 @@ def speed_rounds(modes: list[str], repeats: int, threads: int | None) -> dict[st
     for _ in range(repeats):
         for m in modes:
             cmd = [sys.executable, __file__, "--speed-one", m] + (["--threads", str(threads)] if threads else [])
+            cmd += ["--cpu-time"] if cpu else []
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             best[m] = max(best[m], float(out.strip().splitlines()[-1]))
     return best
@@ -102,15 +107,27 @@ def main() -> None:
     ap.add_argument("--speed-one", choices=list(MODES), help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cpu-time", action="store_true", help="--speed in tokens per CPU-second (use with --threads 1)")
+    ap.add_argument("--speed-only", action="store_true", help="skip the quality table")
     args = ap.parse_args()
     extra = {"num_threads": args.threads} if args.threads else {}
     if args.speed_one:
         _use_kernels(args.speed_one)
         with Engine(args.model, **MODES[args.speed_one], **extra) as e:
             decode_tok_s(e, 8)  # warm-up
-            print(decode_tok_s(e))
+            print(decode_tok_s(e, cpu=args.cpu_time))
         return
     print(f"torch {torch.__version__}, CPU {cpu_caps().describe()}, load {os.getloadavg()[0]:.1f}")
+    if not args.speed_only:
+        quality(args, extra)
+    if args.speed or args.speed_only:
+        best = speed_rounds(args.modes, args.repeats, args.threads, args.cpu_time)
+        unit = "tokens per CPU-second" if args.cpu_time else "tok/s"
+        print(f"batch-1 decode, {unit} (64 new, best of {args.repeats}, load {os.getloadavg()[0]:.1f}): "
+              + ", ".join(f"{m} {v:.1f}" for m, v in best.items()))
+
+
+def quality(args, extra: dict) -> None:
     ref = base = None
     print(f"{'mode':>10} {'ppl':>8} {'vs fp32':>8} {'same':>6} {'prefix':>7}")
     for m in args.modes:
@@ -125,10 +142,6 @@ def main() -> None:
         same, prefix = agreement(ref, outs) if ref else (float("nan"),) * 2
         print(f"{m:>10} {ppl:8.3f} {rel:>8} {same:6.2f} {prefix:7.2f}", flush=True)
     print(f"text: {TEXT.name}, {len(ids)} tokens; greedy: {len(PROMPTS)} chat prompts x {args.new} tokens")
-    if args.speed:
-        best = speed_rounds(args.modes, args.repeats, args.threads)
-        print(f"batch-1 decode tok/s (64 new, best of {args.repeats}, load {os.getloadavg()[0]:.1f}): "
-              + ", ".join(f"{m} {v:.1f}" for m, v in best.items()))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,20 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 namespace {
 
 #if defined(__AVX512F__)
 constexpr int W = 16;  // fp32 lanes per vector
 constexpr int NR = 8;  // output rows per block (the tiled layout)
+// Rows of x per tile. 4 x 8 accumulators + 4 x vectors + a weight vector overflow the 32 registers by a
+// few spills, which still measured faster than two passes over half blocks (hot in L2, 1 thread: 3 / 4
+// rows 2.4 / 3.4 vs 3.0 / 3.8 ms).
+constexpr int NM = 4;
 using vec = __m512;
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
@@ -39,6 +45,7 @@ inline float hsum(vec v) {
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int W = 8;
 constexpr int NR = 4;
+constexpr int NM = 2;  // 16 registers: 2 * 4 accumulators + 2 x vectors + a weight vector
 using vec = __m256;
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
@@ -54,6 +61,7 @@ inline float hsum(vec v) {
 #else  // portable: 8 lanes in an array, which the compiler vectorizes where it can
 constexpr int W = 8;
 constexpr int NR = 4;
+constexpr int NM = 2;
 struct vec { float v[8]; };
 inline vec vzero() { return vec{}; }
 template <typename T>
@@ -64,54 +72,57 @@ inline float hsum(vec v) {
 }
 #endif
 
-// Rows of x a tile multiplies at once: up to 2 with all NR rows of a block, 3-4 with half of them (so the
-// accumulators, x vectors and a weight vector fit the registers: AVX-512 4 * 4 + 4 + 1 of 32, AVX2
-// 4 * 2 + 4 + 1 of 16). A tile's shape never changes an output's arithmetic, only how often a weight is
-// loaded and widened: once per 2 rows of x, or per 4 with half blocks.
-constexpr int NM = 4;
-
 // The tiled layout (`pack_rows`): blocks of NR output rows; in a block, for each W-wide slice of the
 // inputs, the NR rows' W values one after another. A block is then one contiguous run read front to back
-// (one prefetch stream: reading NR row-major rows side by side measured 1.4x slower, SmolLM2's int8
-// matmuls at one row, 1 thread, Zen 5).
+// (one prefetch stream, where NR separate row streams measured ~2x slower than the CPU's memory rate).
 // Rows and inputs are zero-padded to multiples of NR and W. The layout depends on the build (W, NR), so
 // each build packs its own.
 int64_t padded(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-// out[m][r0 + r] = the dot products of NM_ rows of x (stride ldx, zero-padded to kp) with rows r0 ..
-// r0 + NR_ of a block.
-template <typename T, int NM_, int NR_>
-void tile(const float* x, int64_t ldx, const T* w, int64_t kp, int r0, float out[NM][NR]) {
-  vec acc[NM_][NR_];
+// Bytes of weights requested ahead of the tile loop. The hardware prefetcher alone left the loop waiting
+// on memory: SmolLM2's int8 matmuls, 1 thread, ms at 1 / 4 / 8 rows of x: 7.8 / 9.2 / 22.6 without,
+// 4.7 / 8.0 / 14.1 with 4 KB ahead (8 and 16 KB: about the same). Past the end of the weights the hints
+// read nothing (a prefetch never faults).
+constexpr int AHEAD = 4096;
+inline void prefetch(const char* p) {
+#if defined(__SSE__)
+  _mm_prefetch(p, _MM_HINT_T0);
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+// out[m][r] = the dot products of NM_ rows of x (stride ldx, zero-padded to kp) with a block's NR rows.
+template <typename T, int NM_>
+void tile(const float* x, int64_t ldx, const T* w, int64_t kp, float out[NM][NR]) {
+  vec acc[NM_][NR];
   for (int m = 0; m < NM_; ++m)
-    for (int r = 0; r < NR_; ++r) acc[m][r] = vzero();
-  w += r0 * W;
+    for (int r = 0; r < NR; ++r) acc[m][r] = vzero();
   for (int64_t i = 0; i < kp; i += W, w += NR * W) {
+    for (int l = 0; l < int(sizeof(T)) * NR * W; l += 64) prefetch(reinterpret_cast<const char*>(w) + AHEAD + l);
     vec xv[NM_];
     for (int m = 0; m < NM_; ++m) xv[m] = vload(x + m * ldx + i);
-    for (int r = 0; r < NR_; ++r) {
+    for (int r = 0; r < NR; ++r) {
       vec wv = vload(w + r * W);
       for (int m = 0; m < NM_; ++m) acc[m][r] = vfma(xv[m], wv, acc[m][r]);
     }
   }
   for (int m = 0; m < NM_; ++m)
-    for (int r = 0; r < NR_; ++r) out[m][r0 + r] = hsum(acc[m][r]);
+    for (int r = 0; r < NR; ++r) out[m][r] = hsum(acc[m][r]);
 }
 
-// The block's NR rows times nm (1..NM) rows of x.
 template <typename T>
-void block(const float* x, int64_t nm, const T* w, int64_t kp, float out[NM][NR]) {
-  switch (nm) {
-    case 1: tile<T, 1, NR>(x, kp, w, kp, 0, out); break;
-    case 2: tile<T, 2, NR>(x, kp, w, kp, 0, out); break;
-    case 3: tile<T, 3, NR / 2>(x, kp, w, kp, 0, out); tile<T, 3, NR / 2>(x, kp, w, kp, NR / 2, out); break;
-    default: tile<T, 4, NR / 2>(x, kp, w, kp, 0, out); tile<T, 4, NR / 2>(x, kp, w, kp, NR / 2, out);
-  }
+using TileFn = void (*)(const float*, int64_t, const T*, int64_t, float[NM][NR]);
+
+template <typename T, int... Ms>
+constexpr std::array<TileFn<T>, NM> tiles(std::integer_sequence<int, Ms...>) {  // [nm - 1]
+  return {&tile<T, Ms + 1>...};
 }
 
 template <typename T>
 void gemv(const float* x, int64_t rows, int64_t kp, const T* w, int64_t n, const float* scale, const float* bias,
           float* y) {
+  static constexpr auto table = tiles<T>(std::make_integer_sequence<int, NM>{});
   const int64_t blocks = (n + NR - 1) / NR;
   // At least ~64 KB of weights per thread: below that a wake-up costs more than the split saves.
   const int64_t grain = std::max<int64_t>(1, 65536 / (NR * kp * int64_t(sizeof(T))));
@@ -121,7 +132,7 @@ void gemv(const float* x, int64_t rows, int64_t kp, const T* w, int64_t n, const
       const int64_t o = b * NR, nr = std::min<int64_t>(NR, n - o);
       for (int64_t m0 = 0; m0 < rows; m0 += NM) {
         const int64_t nm = std::min<int64_t>(NM, rows - m0);
-        block<T>(x + m0 * kp, nm, w + o * kp, kp, out);
+        table[nm - 1](x + m0 * kp, kp, w + o * kp, kp, out);
         for (int64_t m = 0; m < nm; ++m) {
           float* yr = y + (m0 + m) * n + o;
           for (int64_t r = 0; r < nr; ++r) {

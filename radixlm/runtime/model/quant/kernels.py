@@ -27,11 +27,12 @@ GROUP = 32  # int4 group size: GGUF's block size, and it divides every SmolLM2 /
 # holds the same dequantized values (rounded to bf16).
 DENSE_MIN_ROWS = 16
 # Steps of at most this many rows multiply an int8 weight's `tiles` (the compiled C++ kernel, fp32
-# activations, radixlm/kernels/cpu/csrc/gemv.cpp) instead of _weight_int8pack_mm: that kernel streams the
-# int8 weights at about the memory rate at 1-4 rows and loses to torch's bf16 one from ~6 rows, where
-# widening each int8 weight to fp32 and one FMA per row and weight make it bound by arithmetic
-# (docs/benchmarks.md, "session 26 int8 GEMV").
-GEMV_MAX_ROWS = 4
+# activations, radixlm/kernels/cpu/csrc/gemv.cpp) instead of _weight_int8pack_mm: it streams the int8
+# weights at about the memory rate at 1-2 rows and stays ahead of torch's bf16-activation kernel up to 16
+# rows (SmolLM2's int8 matmuls, Zen 5, 1 thread, ms at M=1 / 4 / 8 / 15: 4.7 / 8.0 / 14.1 / 25.8 vs
+# 10.6 / 10.8 / 19.6 / 35.3; docs/benchmarks.md, "session 26 int8 GEMV"), so every step below
+# DENSE_MIN_ROWS takes it: one kernel, fp32 activations, each row's result independent of the batch.
+GEMV_MAX_ROWS = 15
 
 
 @dataclass(frozen=True, eq=False)
