@@ -48,6 +48,7 @@ def hf_outputs(model_dir, prompts):
     {"chunked_prefill_size": 16, "max_total_tokens": 80},  # chunking, and a pool small enough to retract
     {"weight_layout": "packed"},  # oneDNN's prepacked weights at every row count (auto's pick on some CPUs)
     {"weight_layout": "packed_blocks"},
+    {"weight_layout": "packed_tiles"},  # one-row steps through the compiled fp32 GEMV
     {"weight_layout": "blocks"},
 ])
 def test_greedy_matches_transformers(model_dir, prompts, hf_outputs, options):
