@@ -193,7 +193,7 @@ def main() -> None:
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4, help="speculative_num_draft_tokens")
+    ap.add_argument("--k", type=int, default=None, help="speculative_num_draft_tokens (default: the engine's)")
     ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
     ap.add_argument("--workloads", nargs="+", default=["json", "code", "chat", "free"], choices=list(WORKLOADS))
     ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
@@ -232,7 +232,7 @@ def main() -> None:
 
 def _run_side(args, side: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
-           "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
+           *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
            "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
     if args.batch_cap:
         cmd += ["--batch-cap", str(args.batch_cap)]

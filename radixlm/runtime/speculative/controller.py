@@ -19,6 +19,7 @@ import torch
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
+from radixlm.runtime.speculative.cost import min_chance
 from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
@@ -42,9 +43,15 @@ COPYING_ACCEPTANCE = 0.35
 # batch-16 decode step cheaper next to its verify tokens; docs/benchmarks.md, runs 4 and 5).
 LARGE_BATCH = 8
 LARGE_BATCH_EXTRA_MATCH = 2
+# ... and proposes at most this many tokens (speculative_num_draft_tokens is the bound at smaller batches):
+# at batch 16 the verify tokens are compute-bound, and the drafts that run past 4 tokens are mostly the
+# ones cut at a JSON value's end (measured by replay, session 26: k = 8 at batch 16 took json from 1.35x
+# to 1.28x and free text from 0.95x to 0.92x; chat and code gained; docs/benchmarks.md).
+LARGE_BATCH_MAX_DRAFT = 4
 # A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
 # least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
 TEXT_MIN_CHARS = 1
+COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 
 
@@ -98,7 +105,7 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig, tokenizer=None):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
         self.short_n = min(self.min_n, COPYING_MIN_MATCH)
-        self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
+        self.corpus = NgramCorpus(self.min_n, self.max_n, config.max_draft)
         self.live = LiveNgrams()
         self._own: dict[str, NgramIndex] = {}
         self.text_of = TokenText(tokenizer) if tokenizer is not None else None  # None: no text lookup
@@ -173,6 +180,7 @@ class SpecController:
         self.proposer = proposer
         self.context_len = context_len
         self.max_k = config.max_draft
+        self.cost_aware = COST_AWARE
         self.stats = SpecStats()
         self._state: dict[str, AdaptiveState] = {}
         self._q: dict[str, torch.Tensor] = {}  # this step's sampled drafts' distributions (verify.py)
@@ -182,8 +190,11 @@ class SpecController:
         (decoding or still prefilling), whose text proposals may continue."""
         self.proposer.observe(running if running is not None else reqs)
         chosen, ks, copying, paused = [], [], [], set()
+        large = len(reqs) >= LARGE_BATCH
         for req in reqs:
             k, active = self._budget(req)
+            if large:
+                k = min(k, LARGE_BATCH_MAX_DRAFT)
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
@@ -191,7 +202,6 @@ class SpecController:
                                and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
-        large = len(reqs) >= LARGE_BATCH
         proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
         drafts = dict(zip((r.rid for r in chosen), proposals))
         self._q.clear()
@@ -202,6 +212,8 @@ class SpecController:
                 draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
+            if draft and self.cost_aware and self._state[req.rid].first_chance() < min_chance(len(reqs)):
+                draft = []  # unlikely to be accepted at all: its verify tokens would cost more than they save
             out.append(draft)
         if self.config.speculative_max_batch_draft_tokens is not None:
             out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
