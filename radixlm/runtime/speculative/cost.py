@@ -1,19 +1,19 @@
-"""Which draft tokens pay for themselves: a step's cost against what an accepted token saves.
+"""Which drafts pay for themselves: a step's cost against what an accepted token saves.
 
 Runs in the scheduler process. A forward of `rows` decoding rows and n tokens in all costs about
-STEP + ROW * rows + DRAFT_TOKEN * (n - rows) (in units of a 1-row decode step; fitted to the CPU's
-measured table in docs/benchmarks.md, session 26: the weights are read once per step, each row and each
-draft token adds compute). An accepted draft token saves one decode row's share of a step,
-(STEP + ROW * rows) / rows; a draft token is worth verifying when the chance that it is accepted (with
-all the drafts before it) times that share is at least its own cost. At batch 1 that is a 1-in-12 chance
-(long drafts pay), at batch 16 about 2 in 5 (only drafts the request's history says are likely).
+STEP + ROW * rows + DRAFT_TOKEN * (n - rows) 1-row decode steps: the weights are read once per step, and
+each row and each draft token adds compute (least squares over the CPU's measured forwards with the
+packed fp32 layout, 1-16 rows x 1-9 tokens, within 25%: docs/benchmarks.md, session 26). An accepted draft
+token saves one decode row's share of a step, (STEP + ROW * rows) / rows, so a draft token is worth
+verifying when its chance of acceptance times that share is at least its own cost: a 1-in-10 chance at
+batch 1 (long shots pay), 3 in 10 at 8 rows and 1 in 3 at 16 (only drafts the request's history backs).
 """
 
 from __future__ import annotations
 
-STEP = 1.0  # a 1-row decode step
-ROW = 0.18  # each further decode row (its attention, activations, sampling)
-DRAFT_TOKEN = 0.095  # each draft token in a verify row (a row's compute, the weights already read)
+STEP = 0.77  # the fixed part of a step (the weights read once)
+ROW = 0.23  # each decode row (its attention, activations, sampling)
+DRAFT_TOKEN = 0.096  # each draft token in a verify row (a row's compute, the weights already read)
 
 
 def min_chance(rows: int) -> float:
