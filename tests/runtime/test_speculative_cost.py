@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.speculative.adaptive import FIRST_PRIOR, AdaptiveState
-from radixlm.runtime.speculative.controller import LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, NgramProposer, SpecController
+from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
+                                                    NgramProposer, SpecController)
 from radixlm.runtime.speculative.cost import min_chance
 
 from tests.runtime.test_speculative_verify import _req
@@ -52,12 +53,18 @@ def test_rejected_first_tokens_stop_drafts_at_a_large_batch_only():
     assert ctl.propose(reqs)[0] == [9, 8, 7, 6]
 
 
-def test_large_batches_take_shorter_drafts():
+def test_large_batches_take_shorter_drafts_unless_whole_drafts_were_accepted():
     ctl = _controller()
     assert ctl.max_k == 8
+    full = [9, 8, 7, 6, 15, 14, 13, 12]
     reqs = [_req(f"r{i}", REPEAT) for i in range(LARGE_BATCH)]
-    assert ctl.propose(reqs[:1]) == [[9, 8, 7, 6, 15, 14, 13, 12]]
-    assert ctl.propose(reqs) == [[9, 8, 7, 6, 15, 14, 13, 12][:LARGE_BATCH_MAX_DRAFT]] * LARGE_BATCH
+    assert ctl.propose(reqs[:1]) == [full]
+    assert ctl.propose(reqs) == [full[:LARGE_BATCH_MAX_DRAFT]] * LARGE_BATCH
+    for _ in range(LARGE_BATCH_STREAK):
+        ctl._state["r0"].update(4, 4, 8, 0.25)  # accepted whole
+    assert ctl.propose(reqs) == [full] + [full[:LARGE_BATCH_MAX_DRAFT]] * (LARGE_BATCH - 1)
+    ctl._state["r0"].update(4, 3, 8, 0.25)  # cut: back to the short drafts
+    assert ctl.propose(reqs)[0] == full[:LARGE_BATCH_MAX_DRAFT]
 
 
 def test_default_draft_length_per_algorithm():

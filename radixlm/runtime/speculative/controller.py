@@ -43,11 +43,14 @@ COPYING_ACCEPTANCE = 0.35
 # batch-16 decode step cheaper next to its verify tokens; docs/benchmarks.md, runs 4 and 5).
 LARGE_BATCH = 8
 LARGE_BATCH_EXTRA_MATCH = 2
-# ... and proposes at most this many tokens (speculative_num_draft_tokens is the bound at smaller batches):
-# at batch 16 the verify tokens are compute-bound, and the drafts that run past 4 tokens are mostly the
-# ones cut at a JSON value's end (measured by replay, session 26: k = 8 at batch 16 took json from 1.35x
-# to 1.28x and free text from 0.95x to 0.92x; chat and code gained; docs/benchmarks.md).
+# ... and proposes at most LARGE_BATCH_MAX_DRAFT tokens unless its last LARGE_BATCH_STREAK drafts were
+# accepted whole (speculative_num_draft_tokens bounds the rest): at batch 16 verify tokens are compute-bound,
+# and the drafts that run past 4 tokens are mostly cut (a JSON value's end, free text), while a request
+# copying long runs gains from 8 (replayed, session 26: k = 8 for all at batch 16 took json 1.35x -> 1.28x
+# and free text 0.95x -> 0.92x, chat 1.49x -> 1.85x; with the streak rule json 1.34x, free 0.97x, code
+# 1.45x -> 1.55x, chat 1.49x -> 1.65x; docs/benchmarks.md).
 LARGE_BATCH_MAX_DRAFT = 4
+LARGE_BATCH_STREAK = 2
 # A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
 # least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
 TEXT_MIN_CHARS = 1
@@ -193,7 +196,7 @@ class SpecController:
         large = len(reqs) >= LARGE_BATCH
         for req in reqs:
             k, active = self._budget(req)
-            if large:
+            if large and self._state[req.rid].streak < LARGE_BATCH_STREAK:
                 k = min(k, LARGE_BATCH_MAX_DRAFT)
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
