@@ -1,7 +1,8 @@
 """SpecController: what the scheduler asks of speculative decoding (the hooks stay a few lines there).
 
 Runs in the scheduler process. Per step: `propose` gives each decoding request its draft tokens (bounded
-by max_new_tokens, the context, the grammar and the request's adaptive draft length); the scheduler turns
+by max_new_tokens, the context, the grammar and the request's adaptive draft length; none where the step's
+size makes the draft unlikely to pay, cost.py); the scheduler turns
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
 (verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
 sequence to the cross-request n-gram corpus and drops the request's state. Every running request (also
@@ -194,15 +195,18 @@ class SpecController:
         self.proposer.observe(running if running is not None else reqs)
         chosen, ks, copying, paused = [], [], [], set()
         large = len(reqs) >= LARGE_BATCH
+        need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
             k, active = self._budget(req)
-            if large and self._state[req.rid].streak < LARGE_BATCH_STREAK:
+            state = self._state[req.rid]
+            if large and state.streak < LARGE_BATCH_STREAK:
                 k = min(k, LARGE_BATCH_MAX_DRAFT)
+            if state.first_chance() < need:
+                continue  # unlikely to be accepted at all: its verify tokens would cost more than they save
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
-                copying.append(active and req.num_spec_accepted > 0
-                               and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
+                copying.append(active and req.num_spec_accepted > 0 and state.acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
         proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
@@ -215,8 +219,6 @@ class SpecController:
                 draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
-            if draft and self.cost_aware and self._state[req.rid].first_chance() < min_chance(len(reqs)):
-                draft = []  # unlikely to be accepted at all: its verify tokens would cost more than they save
             out.append(draft)
         if self.config.speculative_max_batch_draft_tokens is not None:
             out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
