@@ -7,7 +7,7 @@ from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.speculative.adaptive import FIRST_PRIOR, AdaptiveState
 from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
                                                     NgramProposer, SpecController)
-from radixlm.runtime.speculative.cost import min_chance
+from radixlm.runtime.speculative.cost import min_chance, min_expected
 
 from tests.runtime.test_speculative_verify import _req
 
@@ -71,3 +71,15 @@ def test_default_draft_length_per_algorithm():
     assert SpeculativeConfig(speculative_algorithm="NGRAM").max_draft == 8
     assert SpeculativeConfig(speculative_algorithm="STANDALONE", speculative_draft_model_path="/d").max_draft == 4
     assert SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3).max_draft == 3
+
+
+def test_a_lone_unlikely_draft_does_not_pay_for_a_large_step():
+    ctl = _controller(k=4)
+    other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(15)]  # nothing to propose
+    lone = _req("r", REPEAT)
+    assert 0.5 * 4 < min_expected(16) < 4
+    assert ctl.propose(other + [lone])[-1] == []  # a fresh request (chance 0.5) alone: 2 expected tokens
+    for _ in range(3):
+        ctl._state["r"].update(4, 4, 4, 0.25)  # accepted whole: its chance rises past what the step needs
+    assert ctl.propose(other + [lone])[-1] == [9, 8, 7, 6]
+    assert ctl.propose([_req("s", REPEAT)]) == [[9, 8, 7, 6]]  # a small step: no jump to pay for

@@ -20,7 +20,7 @@ import torch
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.cost import min_chance
+from radixlm.runtime.speculative.cost import min_chance, min_expected
 from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
@@ -220,6 +220,8 @@ class SpecController:
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
             out.append(draft)
+        if large and self.cost_aware and not self._step_pays(reqs, out):
+            out = [[] for _ in out]
         if self.config.speculative_max_batch_draft_tokens is not None:
             out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
         for req, draft in zip(reqs, out):
@@ -227,6 +229,12 @@ class SpecController:
             if draft and q is not None:
                 self._q[req.rid] = q[: len(draft)]
         return out
+
+    def _step_pays(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
+        """Whether the drafts' expected accepted tokens pay for the jump a large step takes with its first
+        draft token (cost.VERIFY_STEP): a lone unlikely draft does not."""
+        expected = sum(self._state[r.rid].first_chance() * len(d) for r, d in zip(reqs, drafts) if d)
+        return expected == 0 or expected >= min_expected(len(reqs))
 
     def _cap(self, reqs: list[Req], drafts: list[list[int]], cap: int) -> list[list[int]]:
         """At most `cap` draft tokens in the step: a batch of verify rows is compute-bound (each draft token

@@ -14,9 +14,21 @@ from __future__ import annotations
 STEP = 0.77  # the fixed part of a step (the weights read once)
 ROW = 0.23  # each decode row (its attention, activations, sampling)
 DRAFT_TOKEN = 0.096  # each draft token in a verify row (a row's compute, the weights already read)
+# At 8+ rows a step's first draft token costs a jump on top (the GEMM leaves its row block: measured
+# +10-35% of a 4-16-row step, ~15 ms of a 25 ms 1-row step; docs/benchmarks.md, session 26), so a step
+# verifies drafts only when they are expected to return at least that much (controller._step_pays).
+VERIFY_STEP = 0.6
 
 
 def min_chance(rows: int) -> float:
     """The least probability of acceptance at which a draft token pays, in a step of `rows` decoding rows."""
     rows = max(1, rows)
     return DRAFT_TOKEN * rows / (STEP + ROW * rows)
+
+
+
+def min_expected(rows: int) -> float:
+    """Expected accepted draft tokens a step of `rows` decoding rows needs before verifying any draft pays
+    for the step's jump (VERIFY_STEP, in 1-row decode steps) at a decode row's share each."""
+    rows = max(1, rows)
+    return VERIFY_STEP * rows / (STEP + ROW * rows)
