@@ -180,16 +180,17 @@ def interleaved(args) -> None:
                 tokens = sum(len(r["output_ids"]) for r in out)
                 same = all([r["output_ids"] for r in a[2]] == [r["output_ids"] for r in b[2]]
                            for a, b in zip(runs[False], runs[True]))
-                print(f"{name + '/b' + str(batch):10s} {statistics.median(ratios):6.2f} {min(ratios):5.2f}-{max(ratios):4.2f} "
-                      f"{statistics.median(cpu):9.2f} {acc:>7s} {tokens / max(1, steps) / batch:8.2f} {same}", flush=True)
+                print(f"{name + '/b' + str(batch):10s} {statistics.median(ratios):6.2f} "
+                      f"{min(ratios):5.2f}-{max(ratios):4.2f} {statistics.median(cpu):9.2f} {acc:>7s} "
+                      f"{tokens / max(1, steps) / batch:8.2f} {same}", flush=True)
     print(f"load {os.getloadavg()[0]:.1f}")
 
 
 def _prompts(tok, name: str, batch: int) -> list[str]:
     make = WORKLOADS[name]
     return [make(i) if name == "json" else
-            tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True) + ASSISTANT_PREFIX.get(name, "")
-            for i in range(batch)]
+            tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
+            + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
 
 
 def _spec_totals(eng) -> tuple[int, int]:
@@ -287,7 +288,8 @@ def main() -> None:
 
 def _run_side(args, side: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
-           *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
+           *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches),
+           "--workloads", *args.workloads,
            "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
     if args.batch_cap:
         cmd += ["--batch-cap", str(args.batch_cap)]

@@ -26,7 +26,6 @@ def min_chance(rows: int) -> float:
     return DRAFT_TOKEN * rows / (STEP + ROW * rows)
 
 
-
 def min_expected(rows: int) -> float:
     """Expected accepted draft tokens a step of `rows` decoding rows needs before verifying any draft pays
     for the step's jump (VERIFY_STEP, in 1-row decode steps) at a decode row's share each."""
