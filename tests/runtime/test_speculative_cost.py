@@ -74,12 +74,13 @@ def test_default_draft_length_per_algorithm():
 
 
 def test_a_lone_unlikely_draft_does_not_pay_for_a_large_step():
-    ctl = _controller(k=4)
+    ctl = _controller()
     other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(15)]  # nothing to propose
     lone = _req("r", REPEAT)
-    assert 0.5 * 4 < min_expected(16) < 4
+    full = [9, 8, 7, 6, 15, 14, 13, 12]
+    assert 0.5 * LARGE_BATCH_MAX_DRAFT < min_expected(16) < 0.8 * len(full)
     assert ctl.propose(other + [lone])[-1] == []  # a fresh request (chance 0.5) alone: 2 expected tokens
     for _ in range(3):
-        ctl._state["r"].update(4, 4, 4, 0.25)  # accepted whole: its chance rises past what the step needs
-    assert ctl.propose(other + [lone])[-1] == [9, 8, 7, 6]
-    assert ctl.propose([_req("s", REPEAT)]) == [[9, 8, 7, 6]]  # a small step: no jump to pay for
+        ctl._state["r"].update(4, 4, 8, 0.25)  # accepted whole: a streak, and a chance past 0.8
+    assert ctl.propose(other + [lone])[-1] == full
+    assert ctl.propose([_req("s", REPEAT)]) == [full]  # a small step: no jump to pay for

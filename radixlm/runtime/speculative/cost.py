@@ -14,10 +14,11 @@ from __future__ import annotations
 STEP = 0.77  # the fixed part of a step (the weights read once)
 ROW = 0.23  # each decode row (its attention, activations, sampling)
 DRAFT_TOKEN = 0.096  # each draft token in a verify row (a row's compute, the weights already read)
-# At 8+ rows a step's first draft token costs a jump on top (the GEMM leaves its row block: measured
-# +10-35% of a 4-16-row step, ~15 ms of a 25 ms 1-row step; docs/benchmarks.md, session 26), so a step
-# verifies drafts only when they are expected to return at least that much (controller._step_pays).
-VERIFY_STEP = 0.6
+# At 8+ rows a step's first draft token costs a jump on top (the GEMM leaves its row block: a 16-row step
+# with drafts measured 1.33-1.41x one without, 1.5-1.8 1-row steps; docs/benchmarks.md, session 26), so a
+# step verifies drafts only when they are expected to return at least that much (controller._step_pays).
+# A lone request copying among 16 rows that do not therefore drafts only with a streak (8 tokens x 0.7+).
+VERIFY_STEP = 1.5
 
 
 def min_chance(rows: int) -> float:
