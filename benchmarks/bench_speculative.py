@@ -141,6 +141,58 @@ def run_worker(args) -> None:
     print(json.dumps(results))
 
 
+def interleaved(args) -> None:
+    """One process, speculation toggled between repeats (off, on, on, off, ...): on a machine whose load
+    drifts, each ratio compares runs seconds apart instead of processes minutes apart."""
+    from radixlm.runtime.engine import Engine
+
+    spec = {"speculative_algorithm": "NGRAM", "speculative_min_acceptance": args.min_acceptance,
+            "speculative_ngram_min_match": args.ngram_min_match,
+            **({"speculative_num_draft_tokens": args.k} if args.k else {})}
+    print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  k={args.k}  new={args.new}  pairs={args.repeats}")
+    print(f"{'workload':10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} {'accept':>7s} {'tok/fwd':>8s} same")
+    with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
+        sched, ctl = eng.scheduler, eng.scheduler.spec
+
+        def toggle(on: bool) -> None:
+            sched.spec = ctl if on else None
+        for name in args.workloads:
+            for batch in args.batches:
+                prompts = _prompts(eng.tokenizer, name, batch)
+                params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
+                runs = {False: [], True: []}
+                for i in range(args.repeats):
+                    for on in ((False, True) if i % 2 == 0 else (True, False)):
+                        eng._loop.call(lambda: toggle(on))
+                        eng.flush_cache()
+                        eng.generate(prompts, {"max_new_tokens": 1, "temperature": 0})
+                        steps0, s0 = sched.num_forward_steps, _spec_totals(eng)
+                        t, c = time.perf_counter(), time.process_time()
+                        out = eng.generate(prompts, params)
+                        runs[on].append((time.perf_counter() - t, time.process_time() - c, out,
+                                         sched.num_forward_steps - steps0, _spec_totals(eng), s0))
+                eng._loop.call(lambda: toggle(True))
+                ratios = [a[0] / b[0] for a, b in zip(runs[False], runs[True])]
+                cpu = [a[1] / b[1] for a, b in zip(runs[False], runs[True])]
+                _, _, out, steps, s1, s0 = runs[True][0]
+                proposed, accepted = s1[0] - s0[0], s1[1] - s0[1]
+                acc = f"{100 * accepted / proposed:.0f}%" if proposed else "-"
+                tokens = sum(len(r["output_ids"]) for r in out)
+                same = all([r["output_ids"] for r in a[2]] == [r["output_ids"] for r in b[2]]
+                           for a, b in zip(runs[False], runs[True]))
+                print(f"{name + '/b' + str(batch):10s} {statistics.median(ratios):6.2f} "
+                      f"{min(ratios):5.2f}-{max(ratios):4.2f} {statistics.median(cpu):9.2f} {acc:>7s} "
+                      f"{tokens / max(1, steps) / batch:8.2f} {same}", flush=True)
+    print(f"load {os.getloadavg()[0]:.1f}")
+
+
+def _prompts(tok, name: str, batch: int) -> list[str]:
+    make = WORKLOADS[name]
+    return [make(i) if name == "json" else
+            tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
+            + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
+
+
 def _spec_totals(eng) -> tuple[int, int]:
     spec = eng.scheduler.spec
     return (spec.stats.num_proposed, spec.stats.num_accepted) if spec is not None else (0, 0)
@@ -193,7 +245,7 @@ def main() -> None:
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--k", type=int, default=4, help="speculative_num_draft_tokens")
+    ap.add_argument("--k", type=int, default=None, help="speculative_num_draft_tokens (default: the engine's)")
     ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
     ap.add_argument("--workloads", nargs="+", default=["json", "code", "chat", "free"], choices=list(WORKLOADS))
     ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
@@ -203,11 +255,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="off/on worker pairs, alternating (median ratio of rounds)")
     ap.add_argument("--worker", dest="side", choices=["on", "off"])
     ap.add_argument("--forward-costs", action="store_true")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="one process toggling speculation between repeats (pairs = --repeats)")
     args = ap.parse_args()
     if args.forward_costs:
         return forward_costs(args)
     if args.side:
         return run_worker(args)
+    if args.interleaved:
+        return interleaved(args)
     loads = [os.getloadavg()[0]]
     rounds = []  # per round: {side: results}; the sides alternate, so load drift hits both alike
     for _ in range(args.rounds):
@@ -232,7 +288,8 @@ def main() -> None:
 
 def _run_side(args, side: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
-           "--k", str(args.k), "--batches", *map(str, args.batches), "--workloads", *args.workloads,
+           *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches),
+           "--workloads", *args.workloads,
            "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
     if args.batch_cap:
         cmd += ["--batch-cap", str(args.batch_cap)]

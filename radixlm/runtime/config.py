@@ -69,6 +69,9 @@ class GrammarConfig:
     grammar_num_workers: int = 2
 
 
+DEFAULT_DRAFT_TOKENS = {"NGRAM": 8, "STANDALONE": 4}  # speculative_num_draft_tokens=None (docs/benchmarks.md)
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding (runtime/speculative/; SGLang's names). Exact: greedy output is token-identical
@@ -76,7 +79,9 @@ class SpeculativeConfig:
 
     speculative_algorithm: str | None = None  # None (off) | NGRAM | STANDALONE
     speculative_draft_model_path: str | None = None  # STANDALONE: the draft model (same tokenizer)
-    speculative_num_draft_tokens: int = 4  # most tokens proposed (and verified) per request per step
+    # Most tokens proposed (and verified) per request per step; None: 8 for NGRAM (a lookup is free, and the
+    # controller shortens drafts at large batch), 4 for STANDALONE (each draft token is a draft forward).
+    speculative_num_draft_tokens: int | None = None
     speculative_num_steps: int | None = None  # STANDALONE draft forwards per step; None = num_draft_tokens
     # NGRAM: the longest / shortest suffix (in tokens) looked up in the request's tokens and the cache.
     speculative_ngram_max_match: int = 8
@@ -93,7 +98,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_algorithm must be NGRAM or STANDALONE; got {algo!r}")
         if algo is not None and algo.upper() == "STANDALONE" and not self.speculative_draft_model_path:
             raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
-        if not 1 <= self.speculative_num_draft_tokens <= 64:
+        if self.speculative_num_draft_tokens is not None and not 1 <= self.speculative_num_draft_tokens <= 64:
             raise ValueError("speculative_num_draft_tokens must be in [1, 64]")
         if self.speculative_num_steps is not None and self.speculative_num_steps < 1:
             raise ValueError("speculative_num_steps must be >= 1")
@@ -109,9 +114,12 @@ class SpeculativeConfig:
     @property
     def max_draft(self) -> int:
         """Tokens proposed per step at most (STANDALONE: also bounded by num_steps)."""
+        k = self.speculative_num_draft_tokens
+        if k is None:
+            k = DEFAULT_DRAFT_TOKENS.get(self.algorithm, 4)
         if self.algorithm == "STANDALONE" and self.speculative_num_steps is not None:
-            return min(self.speculative_num_steps, self.speculative_num_draft_tokens)
-        return self.speculative_num_draft_tokens
+            return min(self.speculative_num_steps, k)
+        return k
 
 
 @dataclass(frozen=True)

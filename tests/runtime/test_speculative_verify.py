@@ -274,6 +274,7 @@ def test_large_batch_needs_a_longer_match_unless_copying():
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    ctl.cost_aware = False  # the match-length rule alone (the cost gate: test_speculative_cost.py)
     three = [_req(f"t{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(LARGE_BATCH)]  # a 3-gram repeat
     assert ctl.propose(three[:1]) == [[9, 8]]
     for r in three:

@@ -18,6 +18,13 @@ EMA_WEIGHT = 0.3  # weight of the latest step in the acceptance average
 GROW_ABOVE = 0.6  # average acceptance above which the draft length grows by one
 FIRST_COOLDOWN = 8  # decode steps without speculation after the first turn-off
 MAX_COOLDOWN = 256
+# The chance that a request's next draft is accepted at all (its first token): decayed counts of its
+# drafts' first tokens, with one pseudo-draft accepted at FIRST_PRIOR (a request with no history). The
+# controller proposes a draft only where this chance pays for the draft's place in the step (cost.py).
+# 0.5: above what a step of 16 rows asks (0.35), so a new request drafts at any batch; one miss puts it
+# below (0.25) at 8+ rows (replayed free text at batch 16: 221 -> 89 draft tokens; prior 0.6 or 0.7: 134).
+FIRST_PRIOR = 0.5
+FIRST_DECAY = 0.8
 
 
 @dataclass
@@ -26,6 +33,13 @@ class AdaptiveState:
     acceptance: float = 0.5  # the first proposals are tried at full length; two misses turn k down
     cooldown: int = 0  # steps left without proposals
     next_cooldown: int = FIRST_COOLDOWN
+    first_hits: float = 0.0  # drafts whose first token was accepted (decayed by FIRST_DECAY per draft)
+    first_tries: float = 0.0  # drafts verified (decayed alike)
+    streak: int = 0  # consecutive drafts accepted whole (a request copying long runs)
+
+    def first_chance(self) -> float:
+        """The estimated probability that the next draft's first token is accepted."""
+        return (self.first_hits + FIRST_PRIOR) / (self.first_tries + 1.0)
 
     def wants_proposal(self) -> bool:
         if self.cooldown > 0:
@@ -36,6 +50,9 @@ class AdaptiveState:
     def update(self, proposed: int, accepted: int, max_k: int, min_acceptance: float) -> None:
         if proposed <= 0:
             return
+        self.first_hits = FIRST_DECAY * self.first_hits + (accepted > 0)
+        self.first_tries = FIRST_DECAY * self.first_tries + 1.0
+        self.streak = self.streak + 1 if accepted == proposed else 0
         if self.cooldown > 0:  # a strong match proposed during a pause (controller.STRONG_MATCH)
             if 2 * accepted >= proposed:  # it paid: the text repeats now, resume at the length that worked
                 self.cooldown, self.acceptance = 0, GROW_ABOVE

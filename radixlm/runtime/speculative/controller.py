@@ -1,7 +1,8 @@
 """SpecController: what the scheduler asks of speculative decoding (the hooks stay a few lines there).
 
 Runs in the scheduler process. Per step: `propose` gives each decoding request its draft tokens (bounded
-by max_new_tokens, the context, the grammar and the request's adaptive draft length); the scheduler turns
+by max_new_tokens, the context, the grammar and the request's adaptive draft length; none where the step's
+size makes the draft unlikely to pay, cost.py); the scheduler turns
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
 (verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
 sequence to the cross-request n-gram corpus and drops the request's state. Every running request (also
@@ -19,6 +20,7 @@ import torch
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
+from radixlm.runtime.speculative.cost import min_chance, min_expected
 from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
@@ -42,9 +44,18 @@ COPYING_ACCEPTANCE = 0.35
 # batch-16 decode step cheaper next to its verify tokens; docs/benchmarks.md, runs 4 and 5).
 LARGE_BATCH = 8
 LARGE_BATCH_EXTRA_MATCH = 2
+# ... and proposes at most LARGE_BATCH_MAX_DRAFT tokens unless its last LARGE_BATCH_STREAK drafts were
+# accepted whole (speculative_num_draft_tokens bounds the rest): at batch 16 verify tokens are compute-bound,
+# and the drafts that run past 4 tokens are mostly cut (a JSON value's end, free text), while a request
+# copying long runs gains from 8 (replayed, session 26: k = 8 for all at batch 16 took json 1.35x -> 1.28x
+# and free text 0.95x -> 0.92x, chat 1.49x -> 1.85x; with the streak rule json 1.34x, free 0.97x, code
+# 1.45x -> 1.55x, chat 1.49x -> 1.65x; docs/benchmarks.md).
+LARGE_BATCH_MAX_DRAFT = 4
+LARGE_BATCH_STREAK = 2
 # A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
 # least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
 TEXT_MIN_CHARS = 1
+COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 
 
@@ -98,7 +109,7 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig, tokenizer=None):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
         self.short_n = min(self.min_n, COPYING_MIN_MATCH)
-        self.corpus = NgramCorpus(self.min_n, self.max_n, config.speculative_num_draft_tokens)
+        self.corpus = NgramCorpus(self.min_n, self.max_n, config.max_draft)
         self.live = LiveNgrams()
         self._own: dict[str, NgramIndex] = {}
         self.text_of = TokenText(tokenizer) if tokenizer is not None else None  # None: no text lookup
@@ -173,6 +184,7 @@ class SpecController:
         self.proposer = proposer
         self.context_len = context_len
         self.max_k = config.max_draft
+        self.cost_aware = COST_AWARE
         self.stats = SpecStats()
         self._state: dict[str, AdaptiveState] = {}
         self._q: dict[str, torch.Tensor] = {}  # this step's sampled drafts' distributions (verify.py)
@@ -182,16 +194,21 @@ class SpecController:
         (decoding or still prefilling), whose text proposals may continue."""
         self.proposer.observe(running if running is not None else reqs)
         chosen, ks, copying, paused = [], [], [], set()
+        large = len(reqs) >= LARGE_BATCH
+        need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
             k, active = self._budget(req)
+            state = self._state[req.rid]
+            if large and state.streak < LARGE_BATCH_STREAK:
+                k = min(k, LARGE_BATCH_MAX_DRAFT)
+            if state.first_chance() < need:
+                continue  # unlikely to be accepted at all: its verify tokens would cost more than they save
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
-                copying.append(active and req.num_spec_accepted > 0
-                               and self._state[req.rid].acceptance >= COPYING_ACCEPTANCE)
+                copying.append(active and req.num_spec_accepted > 0 and state.acceptance >= COPYING_ACCEPTANCE)
                 if not active:
                     paused.add(req.rid)
-        large = len(reqs) >= LARGE_BATCH
         proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
         drafts = dict(zip((r.rid for r in chosen), proposals))
         self._q.clear()
@@ -203,6 +220,8 @@ class SpecController:
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
             out.append(draft)
+        if large and self.cost_aware and not self._step_pays(reqs, out):
+            out = [[] for _ in out]
         if self.config.speculative_max_batch_draft_tokens is not None:
             out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
         for req, draft in zip(reqs, out):
@@ -210,6 +229,12 @@ class SpecController:
             if draft and q is not None:
                 self._q[req.rid] = q[: len(draft)]
         return out
+
+    def _step_pays(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
+        """Whether the drafts' expected accepted tokens pay for the jump a large step takes with its first
+        draft token (cost.VERIFY_STEP): a lone unlikely draft does not."""
+        expected = sum(self._state[r.rid].first_chance() * len(d) for r, d in zip(reqs, drafts) if d)
+        return expected == 0 or expected >= min_expected(len(reqs))
 
     def _cap(self, reqs: list[Req], drafts: list[list[int]], cap: int) -> list[list[int]]:
         """At most `cap` draft tokens in the step: a batch of verify rows is compute-bound (each draft token

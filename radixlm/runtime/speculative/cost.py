@@ -1,0 +1,34 @@
+"""Which drafts pay for themselves: a step's cost against what an accepted token saves.
+
+Runs in the scheduler process. A forward of `rows` decoding rows and n tokens in all costs about
+STEP + ROW * rows + DRAFT_TOKEN * (n - rows) 1-row decode steps: the weights are read once per step, and
+each row and each draft token adds compute (least squares over the CPU's measured forwards with the
+packed fp32 layout, 1-16 rows x 1-9 tokens, within 25%: docs/benchmarks.md, session 26). An accepted draft
+token saves one decode row's share of a step, (STEP + ROW * rows) / rows, so a draft token is worth
+verifying when its chance of acceptance times that share is at least its own cost: a 1-in-10 chance at
+batch 1 (long shots pay), 3 in 10 at 8 rows and 1 in 3 at 16 (only drafts the request's history backs).
+"""
+
+from __future__ import annotations
+
+STEP = 0.77  # the fixed part of a step (the weights read once)
+ROW = 0.23  # each decode row (its attention, activations, sampling)
+DRAFT_TOKEN = 0.096  # each draft token in a verify row (a row's compute, the weights already read)
+# At 8+ rows a step's first draft token costs a jump on top (the GEMM leaves its row block: a 16-row step
+# with drafts measured 1.33-1.41x one without, 1.5-1.8 1-row steps; docs/benchmarks.md, session 26), so a
+# step verifies drafts only when they are expected to return at least that much (controller._step_pays).
+# A lone request copying among 16 rows that do not therefore drafts only with a streak (8 tokens x 0.7+).
+VERIFY_STEP = 1.5
+
+
+def min_chance(rows: int) -> float:
+    """The least probability of acceptance at which a draft token pays, in a step of `rows` decoding rows."""
+    rows = max(1, rows)
+    return DRAFT_TOKEN * rows / (STEP + ROW * rows)
+
+
+def min_expected(rows: int) -> float:
+    """Expected accepted draft tokens a step of `rows` decoding rows needs before verifying any draft pays
+    for the step's jump (VERIFY_STEP, in 1-row decode steps) at a decode row's share each."""
+    rows = max(1, rows)
+    return VERIFY_STEP * rows / (STEP + ROW * rows)

@@ -1,0 +1,86 @@
+"""The cost-aware draft budget: a draft is proposed only where its first token's chance of acceptance pays for
+its place in the step, larger batches take shorter drafts, and the default draft length per algorithm."""
+
+from __future__ import annotations
+
+from radixlm.runtime.config import SpeculativeConfig
+from radixlm.runtime.speculative.adaptive import FIRST_PRIOR, AdaptiveState
+from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
+                                                    NgramProposer, SpecController)
+from radixlm.runtime.speculative.cost import min_chance, min_expected
+
+from tests.runtime.test_speculative_verify import _req
+
+# [1..5] continues 9, 8, 7, ...: a 5-gram, long enough for a request that is not copying in a large batch
+REPEAT = [1, 2, 3, 4, 5, 9, 8, 7, 6, 15, 14, 13, 12, 11, 1, 2, 3, 4, 5]
+
+
+def test_a_draft_must_be_likelier_to_pay_in_a_larger_batch():
+    chances = [min_chance(rows) for rows in (1, 2, 4, 8, 16, 64)]
+    assert chances == sorted(chances)
+    assert chances[0] < 0.15 < 0.3 < chances[4] < FIRST_PRIOR  # batch 1: long shots pay; a fresh request still drafts
+
+
+def test_first_chance_follows_the_requests_first_tokens():
+    state = AdaptiveState(k=4)
+    assert state.first_chance() == FIRST_PRIOR
+    for _ in range(3):
+        state.update(4, 0, 4, 0.0)  # first token rejected
+    low = state.first_chance()
+    assert low < min_chance(16)
+    state.update(4, 1, 4, 0.0)  # accepted (one token is enough: it is the first token's chance)
+    assert state.first_chance() > low
+
+
+def _controller(k=None):
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=k)
+    return SpecController(config, NgramProposer(config), context_len=1024)
+
+
+def test_rejected_first_tokens_stop_drafts_at_a_large_batch_only():
+    ctl = _controller(k=4)
+    reqs = [_req(f"r{i}", REPEAT) for i in range(16)]
+    assert ctl.propose(reqs[:1]) == [[9, 8, 7, 6]]
+    assert all(d == [9, 8, 7, 6] for d in ctl.propose(reqs))  # no history: the prior pays at batch 16
+    for _ in range(3):
+        ctl._state["r0"].first_hits *= 0.5
+        ctl._state["r0"].first_tries += 1.0
+    assert ctl._state["r0"].first_chance() < min_chance(16)
+    drafts = ctl.propose(reqs)
+    assert drafts[0] == [] and all(d == [9, 8, 7, 6] for d in drafts[1:])
+    assert ctl.propose(reqs[:1]) == [[9, 8, 7, 6]]  # alone, the same chance pays
+    ctl.cost_aware = False
+    assert ctl.propose(reqs)[0] == [9, 8, 7, 6]
+
+
+def test_large_batches_take_shorter_drafts_unless_whole_drafts_were_accepted():
+    ctl = _controller()
+    assert ctl.max_k == 8
+    full = [9, 8, 7, 6, 15, 14, 13, 12]
+    reqs = [_req(f"r{i}", REPEAT) for i in range(LARGE_BATCH)]
+    assert ctl.propose(reqs[:1]) == [full]
+    assert ctl.propose(reqs) == [full[:LARGE_BATCH_MAX_DRAFT]] * LARGE_BATCH
+    for _ in range(LARGE_BATCH_STREAK):
+        ctl._state["r0"].update(4, 4, 8, 0.25)  # accepted whole
+    assert ctl.propose(reqs) == [full] + [full[:LARGE_BATCH_MAX_DRAFT]] * (LARGE_BATCH - 1)
+    ctl._state["r0"].update(4, 3, 8, 0.25)  # cut: back to the short drafts
+    assert ctl.propose(reqs)[0] == full[:LARGE_BATCH_MAX_DRAFT]
+
+
+def test_default_draft_length_per_algorithm():
+    assert SpeculativeConfig(speculative_algorithm="NGRAM").max_draft == 8
+    assert SpeculativeConfig(speculative_algorithm="STANDALONE", speculative_draft_model_path="/d").max_draft == 4
+    assert SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3).max_draft == 3
+
+
+def test_a_lone_unlikely_draft_does_not_pay_for_a_large_step():
+    ctl = _controller()
+    other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(15)]  # nothing to propose
+    lone = _req("r", REPEAT)
+    full = [9, 8, 7, 6, 15, 14, 13, 12]
+    assert 0.5 * LARGE_BATCH_MAX_DRAFT < min_expected(16) < 0.8 * len(full)
+    assert ctl.propose(other + [lone])[-1] == []  # a fresh request (chance 0.5) alone: 2 expected tokens
+    for _ in range(3):
+        ctl._state["r"].update(4, 4, 8, 0.25)  # accepted whole: a streak, and a chance past 0.8
+    assert ctl.propose(other + [lone])[-1] == full
+    assert ctl.propose([_req("s", REPEAT)]) == [full]  # a small step: no jump to pay for
