@@ -1,0 +1,38 @@
+"""Hands radixlm's compiled CPU ops (radixlm.kernels.cpu) to the model's modules, once, at model load.
+
+Runs inside the scheduler process. At batch-1 decode the per-step work outside the matmuls is ~1000 small
+ATen calls (RMSNorm, rotary, K/V stores, gathers, SDPA, SiLU); each op here replaces several of them
+(docs/engine.md, "CPU speed"). Only for fp32 on the CPU without tensor parallelism (the ops are fp32
+loops; the TP path keeps torch and its all-reduces), and only where load() found or built them: without a
+compiler, or with RADIXLM_CPU_OPS=0, every module keeps its torch code.
+
+The modules hold the ops namespace as an attribute (`native`) rather than looking it up per call:
+  RMSNorm (the decoder's two a layer and the final one; Qwen3's q/k norms run on strided views: torch)
+  Attention (decode steps: rotary + K/V store; not with Qwen3's q/k norms, which come before the rotary)
+  DecoderLayer (silu(gate) * up)
+and TorchAttentionBackend(ops) runs decode rows with the paged decode attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def load_cpu_ops(device: torch.device, dtype: torch.dtype, tensor_parallel: bool):
+    """The ops namespace when they apply to this model run, else None."""
+    if device.type != "cpu" or dtype != torch.float32 or tensor_parallel:
+        return None
+    from radixlm.kernels.cpu import load
+
+    return load()
+
+
+def apply_cpu_ops(model: nn.Module, ops) -> None:
+    """Give the model's modules the compiled ops (see the module docstring); in place."""
+    for layer in model.layers:
+        layer.input_layernorm.native = layer.post_attention_layernorm.native = ops
+        if layer.self_attn.q_norm is None:
+            layer.self_attn.native = ops
+        layer.native = ops
+    model.norm.native = ops
