@@ -105,9 +105,14 @@ class DecoderLayer(nn.Module):
         self.tp = None  # parallel.TPContext when tensor-parallel
         self.linear = F.linear  # see Attention.linear
         self.native = None  # compiled CPU ops for silu(gate) * up (cpu_ops.py); None: torch
+        # With the compiled ops: the (qkv, o, gate_up, down) weights a one-row matmul uses, for the whole-layer
+        # decode op (cpu_ops.one_row_weights); None: the step runs module by module.
+        self.decode_weights: tuple | None = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 backend, kv_pool, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.decode_weights is not None and meta.is_decode and x.shape[0] == 1:
+            return self._decode_one_token(x, residual, rope, kv_pool, meta)
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
@@ -122,6 +127,21 @@ class DecoderLayer(nn.Module):
             act = F.silu(gate).mul_(up)  # in place: one [T, I] buffer, not two
         out = self.linear(act, self.down_weight)
         return (out if self.tp is None else self.tp.all_reduce(out)), residual  # row-parallel down_proj
+
+    def _decode_one_token(self, x: torch.Tensor, residual: torch.Tensor | None, rope, kv_pool, meta
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward() for a one-token decode step as one compiled op (kernels/cpu/csrc/decode_layer.cpp): the
+        same chain of ops, without ~30 Python-level calls. residual is updated in place (the first layer's is
+        the embedding output x)."""
+        attn, d = self.self_attn, self.self_attn.d
+        residual = x if residual is None else residual
+        qkv, o, gate_up, down = self.decode_weights
+        out = self.native.decode_layer(
+            x, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight, d.rms_eps, qkv,
+            attn.qkv_bias, o, gate_up, down, *rope, kv_pool.k_buffer[attn.layer_id], kv_pool.v_buffer[attn.layer_id],
+            meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, d.num_heads,
+            d.num_kv_heads, meta.sm_scale, residual is x)
+        return out, residual
 
 
 class CausalLM(nn.Module):

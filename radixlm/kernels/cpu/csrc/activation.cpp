@@ -1,11 +1,12 @@
 // SiLU(gate) * up over the fused gate/up projection's output, in one pass (torch: silu, then an in-place
 // mul, two kernels a layer over [T, I]).
 #include "common.h"
+#include "ops.h"
 #include "fast_exp.h"
 
 #include <ATen/Parallel.h>
 
-namespace {
+namespace rlm {
 
 // gate_up [T, 2I] (gate columns, then up) -> [T, I]. silu(g) = g / (1 + exp(-g)) as torch computes it,
 // with fast_exp's ~1 ulp exp in place of Sleef's (so not bit-identical to torch; tested to tolerance).
@@ -27,6 +28,6 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-}  // namespace
+}  // namespace rlm
 
-RADIXLM_OPS(m) { m.def("silu_mul(Tensor gate_up) -> Tensor", silu_mul); }
+RADIXLM_OPS(m) { m.def("silu_mul(Tensor gate_up) -> Tensor", rlm::silu_mul); }
