@@ -91,3 +91,35 @@ def test_silu_mul_matches_torch(ops, t: int, inter: int) -> None:
     gate_up = torch.randn(t, 2 * inter, generator=g) * 6
     gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -88.5])  # the clamped ends of exp's range
     torch.testing.assert_close(ops.silu_mul(gate_up), reference.silu_mul(gate_up), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_decode_layer_is_the_chain_of_the_ops(ops, blocked: bool) -> None:
+    """decode_layer == the ops called one by one with torch's matmuls (bmm over row blocks, or linear)."""
+    g = torch.Generator().manual_seed(int(blocked))
+    hidden, inter, hq, hkv, d = 48, 80, 4, 2, 12
+    w = {name: torch.randn(rows, cols, generator=g) * 0.2 for name, rows, cols in
+         [("qkv", (hq + 2 * hkv) * d, hidden), ("o", hidden, hq * d), ("gate_up", 2 * inter, hidden), ("down", hidden, inter)]}
+    mm = {k: v.view(2, v.shape[0] // 2, v.shape[1]) if blocked else v for k, v in w.items()}
+    norms = torch.randn(2, hidden, generator=g)
+    bias = torch.randn((hq + 2 * hkv) * d, generator=g)
+    k, v, req_to_token, req_rows, seq_lens = _pool(1, hkv, d, [9], g)
+    loc = req_to_token[req_rows[0], 8:9].clone()  # the new token's slot: the last of its row
+    cos, ssin = _rope(1, d, g)
+    x, residual = torch.randn(1, hidden, generator=g), torch.randn(1, hidden, generator=g)
+
+    def lin(a, name, b=None):
+        if not blocked:
+            return torch.nn.functional.linear(a, w[name], b)
+        y = torch.bmm(mm[name], a.t().expand(2, a.shape[1], 1)).view(1, -1)
+        return y if b is None else y + b
+
+    k2, v2, res2 = k.clone(), v.clone(), residual.clone()
+    h = ops.add_rms_norm(x, res2, norms[0], 1e-6)
+    q = ops.rope_store_kv(lin(h, "qkv", bias), cos, ssin, k2, v2, loc, hq, hkv)
+    o = ops.paged_decode_attention(q, k2, v2, req_to_token, req_rows, seq_lens, d**-0.5)
+    h2 = ops.add_rms_norm(lin(o.view(1, -1), "o"), res2, norms[1], 1e-6)
+    want = lin(ops.silu_mul(lin(h2, "gate_up")), "down")
+    got = ops.decode_layer(x, residual, norms[0], norms[1], 1e-6, mm["qkv"], bias, mm["o"], mm["gate_up"], mm["down"],
+                           cos, ssin, k, v, loc, req_to_token, req_rows, seq_lens, hq, hkv, d**-0.5, False)
+    assert torch.equal(got, want) and torch.equal(residual, res2) and torch.equal(k, k2) and torch.equal(v, v2)
