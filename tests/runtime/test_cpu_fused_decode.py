@@ -27,7 +27,7 @@ def _greedy(engine: Engine, prompts: list[str]) -> list[list[int]]:
 
 @needs_compiler
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("layout", ["blocks", "packed_blocks", "row"])
+@pytest.mark.parametrize("layout", ["blocks", "packed", "packed_blocks", "row", "column"])
 def test_lone_and_batched_requests_match_transformers(request, monkeypatch, arch: str, layout: str) -> None:
     model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
     fused_steps = []

@@ -9,8 +9,8 @@ compiler, or with RADIXLM_CPU_OPS=0, every module keeps its torch code.
 The modules hold the ops namespace as an attribute (`native`) rather than looking it up per call:
   RMSNorm (the decoder's two a layer and the final one; Qwen3's q/k norms run on strided views: torch)
   Attention (decode steps: rotary + K/V store; not with Qwen3's q/k norms, which come before the rotary)
-  DecoderLayer (silu(gate) * up; and a one-token decode step as one op, decode_layer, where the weights a
-               one-row matmul uses are plain fp32 tensors: row blocks or dense, not oneDNN-packed or quantized)
+  DecoderLayer (silu(gate) * up; and a one-token decode step as one op, decode_layer, with fp32 weights in
+               any layout of weight_layout.py; not with quantized weights)
 and TorchAttentionBackend(ops) runs decode rows with the paged decode attention.
 """
 
@@ -44,10 +44,10 @@ def apply_cpu_ops(model: nn.Module, ops) -> None:
 
 
 def one_row_weights(layer: nn.Module) -> tuple[torch.Tensor, ...] | None:
-    """The (qkv, o, gate_up, down) weights the layer's `linear` multiplies one row with, when each is a plain
-    fp32 tensor that decode_layer's matmul takes the same way (row blocks [p, out/p, in] -> bmm, [out, in]
-    -> linear): weight_layout's row, column, blocks and packed_blocks layouts. None otherwise (oneDNN-packed
-    or quantized weights keep the module-by-module path)."""
+    """The (qkv, o, gate_up, down) weights the layer's `linear` multiplies one row with, when decode_layer's
+    matmul takes each the same way (row blocks [p, out/p, in] -> bmm, oneDNN-packed -> its inner product,
+    [out, in] -> linear): every fp32 layout of weight_layout.py. None for quantized weights (their own
+    `linear`), which keep the module-by-module path."""
     attn = layer.self_attn
     if attn.linear is not layer.linear or layer.linear not in (F.linear, blocked_linear, packed_linear):
         return None
@@ -55,9 +55,9 @@ def one_row_weights(layer: nn.Module) -> tuple[torch.Tensor, ...] | None:
     for w in (attn.qkv_weight, attn.o_weight, layer.gate_up_weight, layer.down_weight):
         if isinstance(w, PackedRows):
             w = w.rows  # what packed_linear multiplies one row with
-        if not isinstance(w, torch.Tensor) or w.is_mkldnn or w.dtype != torch.float32 or w.dim() not in (2, 3):
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.dim() not in (2, 3):
             return None
-        if w.dim() == 3 and layer.linear is F.linear:
+        if (w.dim() == 3 and layer.linear is F.linear) or (w.is_mkldnn and layer.linear is not packed_linear):
             return None
         out.append(w)
     return tuple(out)

@@ -7,11 +7,26 @@
 #include "common.h"
 #include "ops.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 namespace {
 
-// x [M, in] @ W^T: W [p, out/p, in] (weight_layout.as_blocks: one bmm, a block per thread) or [out, in]
-// (any strides: at::linear). The blocks' result [p, out/p, M] is [M, out] as is when M == 1.
+// oneDNN's inner product on a weight reordered by mkldnn::_reorder_linear_weight (weight_layout.pack), the
+// op packed_linear calls; looked up once through the dispatcher (torch registers it, ATen has no C++ call).
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                            c10::string_view, c10::List<c10::optional<c10::Scalar>>, c10::optional<c10::string_view>)>();
+  return op.call(x, w, bias, "none", c10::List<c10::optional<c10::Scalar>>(), c10::nullopt);
+}
+
+// x [M, in] @ W^T as weight_layout.py's linear functions multiply it: W [p, out/p, in] (as_blocks: one bmm,
+// a block per thread), oneDNN-packed (pack), or [out, in] (any strides: at::linear). The blocks' result
+// [p, out/p, M] is [M, out] as is when M == 1.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  if (w.is_mkldnn()) return onednn_linear(x, w, bias);
   if (w.dim() == 2) return at::linear(x, w, bias);
   const int64_t p = w.size(0), rows = w.size(1), k = w.size(2), m = x.size(0);
   auto y = at::bmm(w, x.t().expand({p, k, m}));
