@@ -23,9 +23,10 @@ from torch import nn
 from radixlm.runtime.model.weight_layout import PackedRows, blocked_linear, packed_linear
 
 
-def load_cpu_ops(device: torch.device, dtype: torch.dtype, tensor_parallel: bool):
-    """The ops namespace when they apply to this model run, else None."""
-    if device.type != "cpu" or dtype != torch.float32 or tensor_parallel:
+def load_cpu_ops(device: torch.device, dtype: torch.dtype, tensor_parallel: bool, attention_backend: str):
+    """The ops namespace when they apply to this model run, else None. The attention ops are part of the
+    torch backend (the decode path stores K/V itself and hands q to TorchAttentionBackend.decode_stored)."""
+    if device.type != "cpu" or dtype != torch.float32 or tensor_parallel or attention_backend not in ("auto", "torch"):
         return None
     from radixlm.kernels.cpu import load
 

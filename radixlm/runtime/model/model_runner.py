@@ -153,9 +153,11 @@ class ModelRunner:
             apply_weight_layout(model, self.layout, threads)
             apply_plan(model, plan, hf_config)  # after the layout: an unquantized part keeps it
         # Compiled CPU ops (fp32 on the CPU, no TP): fused norms, rotary + K/V store, paged decode attention.
-        self.cpu_ops = load_cpu_ops(self.device, self.dtype, self.tp is not None)
+        self.cpu_ops = load_cpu_ops(self.device, self.dtype, self.tp is not None, model_config.attention_backend)
         if self.cpu_ops is not None:
             apply_cpu_ops(model, self.cpu_ops)
+            logger.info("compiled CPU ops on (norms, rotary + K/V store, paged decode attention; whole-layer "
+                        "one-token decode: %s)", "yes" if model.layers[0].decode_weights is not None else "no")
         self.model = model
         self.dims = model.dims
         logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
