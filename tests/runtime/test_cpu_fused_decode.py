@@ -57,3 +57,22 @@ def test_with_the_ops_off_the_model_keeps_torch(tiny_llama_dir, monkeypatch) -> 
             assert [_greedy(engine, [p])[0] for p in PROMPTS] == hf_greedy_ids(str(tiny_llama_dir), PROMPTS, NEW)
     finally:
         build.load.cache_clear()
+
+
+@needs_compiler
+def test_batched_decode_over_a_shared_cached_prefix_keeps_the_cascade(tiny_llama_dir, monkeypatch) -> None:
+    """Requests decoding together over >= MIN_SHARED_TOKENS cached slots take the cascade path (the prefix
+    read once) with the compiled ops on, and still match transformers."""
+    from radixlm.runtime.model.layers import attention
+
+    cascades = []
+    cascade = attention.cascade_decode
+    monkeypatch.setattr(attention, "cascade_decode", lambda *a: cascades.append(1) or cascade(*a))
+    prefix = "Once upon a time there was a small language model that loved to answer questions. " * 6
+    prompts = [prefix + tail for tail in ("It said", "Then", "The end")]
+    with Engine(str(tiny_llama_dir), max_total_tokens=4096) as engine:
+        assert engine.runner.cpu_ops is not None
+        assert len(engine.tokenizer.encode(prefix)) >= attention.MIN_SHARED_TOKENS
+        _greedy(engine, [prefix])  # the prefix now sits in the radix cache
+        assert _greedy(engine, prompts) == hf_greedy_ids(str(tiny_llama_dir), prompts, NEW)
+    assert cascades

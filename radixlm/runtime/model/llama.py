@@ -76,7 +76,7 @@ class Attention(nn.Module):
             q = self.native.rope_store_kv(qkv, *rope, kv_pool.k_buffer[self.layer_id], kv_pool.v_buffer[self.layer_id],
                                           meta.out_cache_loc, d.num_heads, d.num_kv_heads)
             o = backend.decode_stored(q, self.layer_id, kv_pool, meta)
-            return self.linear(o.view(-1, self.q_size), self.o_weight)
+            return self.linear(o.reshape(-1, self.q_size), self.o_weight)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         v = v.reshape(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is not None:
