@@ -2,13 +2,21 @@
 
 Each op is a plain loop over contiguous fp32 (or int8) rows where torch would dispatch several small ops
 per call; at one decode row the dispatch, not the arithmetic, is what torch's versions cost. Each has a
-torch reference next to it in `reference.py`, and tests/kernels/test_cpu_ops.py (gemv.cpp:
-tests/kernels/test_cpu_gemv.py) compares the native and the AVX2 builds with it. Callers get the ops from
-`load()` and keep their torch code when it returns None.
+torch reference next to it in `reference.py`, and tests/kernels/test_cpu_ops.py / test_cpu_fused_ops.py /
+test_cpu_gemv.py compare the native and the AVX2 builds with it. Callers get the ops from `load()` and keep
+their torch code when it returns None (runtime/model/cpu_ops.py hands them to the model; quant/ and
+weight_layout.py take the GEMVs).
 
-  csrc/norm.cpp   rms_norm, and add_rms_norm (residual += x in place, then RMSNorm)
-  csrc/gemv.cpp   pack_rows (a weight into the tiled layout), int8_linear and f32_linear: few-row linear
-                  layers on tiled int8 (per-channel scales) or fp32 weights, fp32 activations
+  csrc/norm.cpp          rms_norm, and add_rms_norm (residual += x in place, then RMSNorm)
+  csrc/attention.cpp     rope_store_kv (rotary of q and k from the fused qkv output, k and v stored into the
+                         KV pool slots; returns q), paged_decode_attention (one query a row, K/V read through
+                         req_to_token, no gather)
+  csrc/activation.cpp    silu_mul (silu(gate) * up of the fused gate/up output)
+  csrc/decode_layer.cpp  decode_layer (a one-token decode step of a Llama-family layer, the ops above and its
+                         four matmuls chained in C++)
+  csrc/gemv.cpp          pack_rows (a weight into the tiled layout), int8_linear and f32_linear: few-row linear
+                         layers on tiled int8 (per-channel scales) or fp32 weights, fp32 activations
+  csrc/ops.h             the ops one op file calls from another; csrc/fast_exp.h: a vectorisable expf
 """
 
 from radixlm.kernels.cpu.build import load, namespace

@@ -21,3 +21,37 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
                 ) -> torch.Tensor:
     """x @ (scales[:, None] * qweight).T + bias, for int8 qweight [out, in] (the op takes pack_rows(qweight))."""
     return F.linear(x, qweight.float() * scales.float()[:, None], bias)
+
+
+def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_buf: torch.Tensor,
+                  v_buf: torch.Tensor, loc: torch.Tensor, num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """Rotate q and k of the fused qkv [T, (Hq + 2 Hkv) D] (HF rotate_half: x * cos + roll(x) * signed_sin,
+    cos/signed_sin [T, 1, D]), store k and v at pool slots loc, return q [T, Hq, D]."""
+    d = cos.shape[-1]
+    t = qkv.shape[0]
+    heads = qkv[:, : (num_q_heads + 2 * num_kv_heads) * d].reshape(t, num_q_heads + 2 * num_kv_heads, d)
+    qk = heads[:, : num_q_heads + num_kv_heads]
+    rotated = qk * cos.view(t, 1, d) + torch.roll(qk, d // 2, dims=-1) * signed_sin.view(t, 1, d)
+    k_buf[loc] = rotated[:, num_q_heads:]
+    v_buf[loc] = heads[:, num_q_heads + num_kv_heads :]
+    return rotated[:, :num_q_heads].contiguous()
+
+
+def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                           req_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [b, Hq, D], one query per row, attending to its row's first seq_lens[r] slots (SDPA per row)."""
+    out = torch.empty_like(q)
+    for r in range(q.shape[0]):
+        slots = req_to_token[int(req_rows[r]), : int(seq_lens[r])]
+        k = k_buf.index_select(0, slots).transpose(0, 1)[None]  # [1, Hkv, L, D]
+        v = v_buf.index_select(0, slots).transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(q[r, :, None][None], k, v, scale=scale,
+                                           enable_gqa=k.shape[1] != q.shape[1])
+        out[r] = o[0, :, 0]
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2I] (gate columns first)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

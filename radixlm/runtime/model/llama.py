@@ -64,11 +64,19 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
         self.tp = None  # parallel.TPContext when tensor-parallel (set by parallel.shard_model)
         self.linear = F.linear  # x @ W^T for this layout of the weights (weight_layout.py may swap it)
+        # Compiled CPU ops (cpu_ops.py) for decode steps: rotary + K/V store in one op, then the torch
+        # backend's decode attention on the stored K/V. None: torch ops.
+        self.native = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
         d = self.d
         qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
+        if self.native is not None and meta.is_decode:
+            q = self.native.rope_store_kv(qkv, *rope, kv_pool.k_buffer[self.layer_id], kv_pool.v_buffer[self.layer_id],
+                                          meta.out_cache_loc, d.num_heads, d.num_kv_heads)
+            o = backend.decode_stored(q, self.layer_id, kv_pool, meta)
+            return self.linear(o.reshape(-1, self.q_size), self.o_weight)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         v = v.reshape(-1, d.num_kv_heads, d.head_dim)
         if self.q_norm is not None:
@@ -96,18 +104,44 @@ class DecoderLayer(nn.Module):
         self.intermediate = d.intermediate
         self.tp = None  # parallel.TPContext when tensor-parallel
         self.linear = F.linear  # see Attention.linear
+        self.native = None  # compiled CPU ops for silu(gate) * up (cpu_ops.py); None: torch
+        # With the compiled ops: the (qkv, o, gate_up, down) weights a one-row matmul uses, for the whole-layer
+        # decode op (cpu_ops.one_row_weights); None: the step runs module by module.
+        self.decode_weights: tuple | None = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 backend, kv_pool, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.decode_weights is not None and meta.is_decode and x.shape[0] == 1:
+            return self._decode_one_token(x, residual, rope, kv_pool, meta)
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm.forward_residual(x, residual)
         h = self.self_attn(h, rope, backend, kv_pool, meta)
         h, residual = self.post_attention_layernorm.forward_residual(h, residual)
-        gate, up = self.linear(h, self.gate_up_weight).split(self.intermediate, dim=-1)
-        out = self.linear(F.silu(gate).mul_(up), self.down_weight)  # in place: one [T, I] buffer, not two
+        gate_up = self.linear(h, self.gate_up_weight)
+        if self.native is not None:
+            act = self.native.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            act = F.silu(gate).mul_(up)  # in place: one [T, I] buffer, not two
+        out = self.linear(act, self.down_weight)
         return (out if self.tp is None else self.tp.all_reduce(out)), residual  # row-parallel down_proj
+
+    def _decode_one_token(self, x: torch.Tensor, residual: torch.Tensor | None, rope, kv_pool, meta
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward() for a one-token decode step as one compiled op (kernels/cpu/csrc/decode_layer.cpp): the
+        same chain of ops, without ~30 Python-level calls. residual is updated in place (the first layer's is
+        the embedding output x)."""
+        attn, d = self.self_attn, self.self_attn.d
+        residual = x if residual is None else residual
+        qkv, o, gate_up, down = self.decode_weights
+        out = self.native.decode_layer(
+            x, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight, d.rms_eps, qkv,
+            attn.qkv_bias, o, gate_up, down, *rope, kv_pool.k_buffer[attn.layer_id], kv_pool.v_buffer[attn.layer_id],
+            meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, d.num_heads,
+            d.num_kv_heads, meta.sm_scale, residual is x)
+        return out, residual
 
 
 class CausalLM(nn.Module):
@@ -138,8 +172,13 @@ class CausalLM(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, rope, backend, kv_pool, meta)
-        h = x if residual is None else x + residual
-        h = self.norm(h.index_select(0, logits_indices))
+        if residual is not None and self.norm.native is not None:
+            # The compiled add + norm over every row, then the selection (a row's norm does not depend on
+            # the other rows): one op instead of an add, a select and a norm.
+            h = self.norm.forward_residual(x, residual)[0].index_select(0, logits_indices)
+        else:
+            h = x if residual is None else x + residual
+            h = self.norm(h.index_select(0, logits_indices))
         head = self.lm_head_matmul
         if h.shape[0] == 1 and self.lm_head_single_row is not None:
             head = self.lm_head_single_row

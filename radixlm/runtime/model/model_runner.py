@@ -14,6 +14,7 @@ import torch
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.forward import ForwardBatch, to_device
+from radixlm.runtime.model.cpu_ops import apply_cpu_ops, load_cpu_ops
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.kv_pool import KVPool
 from radixlm.runtime.model.layout_probe import probe_layout
@@ -152,6 +153,12 @@ class ModelRunner:
                 p.data = p.data.to(self.dtype)
             apply_weight_layout(model, self.layout, threads)
             apply_plan(model, plan, hf_config)  # after the layout: an unquantized part keeps it
+        # Compiled CPU ops (fp32 on the CPU, no TP): fused norms, rotary + K/V store, paged decode attention.
+        self.cpu_ops = load_cpu_ops(self.device, self.dtype, self.tp is not None, model_config.attention_backend)
+        if self.cpu_ops is not None:
+            apply_cpu_ops(model, self.cpu_ops)
+            logger.info("compiled CPU ops on (norms, rotary + K/V store, paged decode attention; whole-layer "
+                        "one-token decode: %s)", "yes" if model.layers[0].decode_weights is not None else "no")
         self.model = model
         self.dims = model.dims
         logger.info("loaded %s in %.2fs", model_dir, time.perf_counter() - t0)
@@ -188,7 +195,7 @@ class ModelRunner:
         if name == "auto":
             name = "triton" if self.device.type == "cuda" else "torch"
         if name == "torch":
-            return TorchAttentionBackend()
+            return TorchAttentionBackend(self.cpu_ops)
         if name == "triton":
             from radixlm.runtime.model.layers.attention_triton import TritonAttentionBackend
 

@@ -101,8 +101,8 @@ def run_worker(mc: ModelConfig, rank: int) -> None:
                                   rank, mc.tp_size, device, dtype, comm)
     d = model.dims
     kv_pool = KVPool(broadcast_int(0, comm), d.num_layers, d.num_kv_heads, d.head_dim, dtype, device)
-    # The backend choice reads only the runner's device.
-    backend = ModelRunner._attention_backend(SimpleNamespace(device=device), mc.attention_backend)
+    # The backend choice reads only the runner's device and compiled ops (none under TP: cpu_ops.py).
+    backend = ModelRunner._attention_backend(SimpleNamespace(device=device, cpu_ops=None), mc.attention_backend)
     num_steps = 0
     while (step := recv_step(comm, device, d.head_dim ** -0.5)) is not None:
         ids, pos, meta, logits_idx = step

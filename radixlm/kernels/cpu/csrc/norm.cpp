@@ -2,6 +2,7 @@
 // torch's rms_norm is ~7 ATen ops a call on the CPU (pow, mean, add, rsqrt, two muls, a copy); at one
 // decode row each costs more to dispatch than to compute, so one loop replaces them.
 #include "common.h"
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 
@@ -32,6 +33,10 @@ void check_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
 }
 
 int64_t grain(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)); }
+
+}  // namespace
+
+namespace rlm {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_rows(x, w, "rms_norm");
@@ -64,9 +69,9 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Ten
   return out;
 }
 
-}  // namespace
+}  // namespace rlm
 
 RADIXLM_OPS(m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", rms_norm);
-  m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor", add_rms_norm);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", rlm::rms_norm);
+  m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor", rlm::add_rms_norm);
 }

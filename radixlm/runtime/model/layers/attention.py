@@ -35,7 +35,14 @@ class TorchAttentionBackend:
     Decode rows run as one padded batch (one SDPA call for the whole batch). Prefill rows run one SDPA
     call per request: prefill is compute-bound, and padding ragged prompts to a common length would
     waste more than the per-request call costs.
+
+    With `ops` (radixlm.kernels.cpu's compiled ops, fp32), decode rows run its paged decode attention
+    instead: it reads each row's K/V through its req_to_token slots (no gather, no padding, no SDPA call),
+    except where the cascade path applies (requests sharing a long cached prefix read it once there).
     """
+
+    def __init__(self, ops=None):
+        self.ops = ops
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
@@ -43,7 +50,7 @@ class TorchAttentionBackend:
         k_buf[meta.out_cache_loc] = k
         v_buf[meta.out_cache_loc] = v
         if meta.is_decode:
-            return self._decode(q, k_buf, v_buf, meta, torch.arange(len(meta.seq_lens_list)))
+            return self.decode_stored(q, layer_id, kv_pool, meta)
         out = torch.empty_like(q)
         decode_rows = [i for i, n in enumerate(meta.extend_lens_list) if n == 1 and meta.prefix_lens_list[i] > 0]
         if decode_rows:
@@ -56,8 +63,19 @@ class TorchAttentionBackend:
                 self._extend_one(q, k, v, k_buf, v_buf, meta, i, out)
         return out
 
+    def decode_stored(self, q: torch.Tensor, layer_id: int, kv_pool: KVPoolLike, meta: AttentionMetadata
+                      ) -> torch.Tensor:
+        """A decode batch whose new K/V are already in the pool (llama.py's fused rotary + store):
+        q [B, Hq, D] -> [B, Hq, D]."""
+        rows = meta.plan_cache.get("decode_rows")
+        if rows is None:
+            rows = meta.plan_cache["decode_rows"] = torch.arange(len(meta.seq_lens_list))
+        return self._decode(q, kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id], meta, rows)
+
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                 meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
+        if self.ops is not None and q.dtype == torch.float32 and len(rows) < 2:
+            return self._paged_decode(q, k_buf, v_buf, meta, rows)  # one row: no cascade to consider
         # q [b, Hq, D]; gather each row's slots into a padded [b, L] block and mask the padding.
         slots, mask = self._decode_plan(meta, rows)
         shared = meta.plan_cache.get("decode_shared")
@@ -65,6 +83,8 @@ class TorchAttentionBackend:
             shared = meta.plan_cache["decode_shared"] = shared_prefix_len(slots, mask[:, 0, 0, :])
         if shared >= MIN_SHARED_TOKENS:  # requests share a cached prefix: read it once, not b times
             return cascade_decode(q, k_buf, v_buf, slots, mask[:, 0, 0, :], shared, meta.sm_scale)
+        if self.ops is not None and q.dtype == torch.float32:
+            return self._paged_decode(q, k_buf, v_buf, meta, rows)
         b, L = slots.shape
         start = meta.plan_cache["decode_run_start"]
         if start is not None:  # a lone row whose slots are one ascending run: its K/V are a slice, no gather
@@ -83,6 +103,17 @@ class TorchAttentionBackend:
         o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=None if unpadded else mask, scale=meta.sm_scale,
                                            enable_gqa=kk.shape[1] != qq.shape[1])
         return o.squeeze(2)
+
+    def _paged_decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: AttentionMetadata,
+                      rows: torch.Tensor) -> torch.Tensor:
+        plan = meta.plan_cache.get("paged")
+        if plan is None:  # the decode rows' request rows and lengths, once per forward
+            if len(rows) == len(meta.seq_lens_list):
+                plan = (meta.req_pool_indices.contiguous(), meta.seq_lens.contiguous())
+            else:
+                plan = (meta.req_pool_indices.index_select(0, rows), meta.seq_lens.index_select(0, rows))
+            meta.plan_cache["paged"] = plan
+        return self.ops.paged_decode_attention(q.contiguous(), k_buf, v_buf, meta.req_to_token, *plan, meta.sm_scale)
 
     @staticmethod
     def _decode_plan(meta: AttentionMetadata, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

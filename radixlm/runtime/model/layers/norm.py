@@ -15,8 +15,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
+        # The compiled CPU ops (radixlm.kernels.cpu) once the model runner has found that they apply (fp32
+        # on the CPU, contiguous rows: cpu_ops.py); one op a call instead of torch's seven.
+        self.native = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # torch's rms_norm does the same fp32 arithmetic in one call instead of seven (bit-identical
             # to the lines below, tests/runtime/test_norm.py): 25 vs 45 us a call at decode, 61 calls a
@@ -28,6 +33,10 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """residual += x, then normalize: returns (normed, new residual). One call per sublayer."""
+        """residual + x, then normalize: returns (normed, new residual). One call per sublayer. With the
+        compiled ops the sum is written into `residual` itself (the caller's running residual, which
+        nothing else holds: llama.py)."""
+        if self.native is not None:
+            return self.native.add_rms_norm(x, residual, self.weight, self.eps), residual
         residual = residual + x
         return self.forward(residual), residual

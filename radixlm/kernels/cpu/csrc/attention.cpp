@@ -1,0 +1,271 @@
+// Decode-step attention on the paged KV pool (fp32): rotary + K/V store from the fused qkv output, and
+// attention that reads each row's K/V through its req_to_token slots. In torch the same step is ~10
+// small ops a layer (rotary, two index_put stores, a gather of every cached K and V unless the slots are
+// one run, SDPA); at one decode row their dispatch and the gather copy cost more than the arithmetic.
+#include "common.h"
+#include "ops.h"
+#include "fast_exp.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+void check_f32(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), op, ": ", name,
+              " must be a contiguous fp32 CPU tensor");
+}
+
+void check_i64(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous() && t.dim() == 1, op,
+              ": ", name, " must be a contiguous 1-D int64 CPU tensor");
+}
+
+// HF rotate_half rotary of one head, with torch's exact fp32 arithmetic (layers/rotary.py's
+// apply_rotary_one): out = x * cos + roll(x, D/2) * signed_sin, each product rounded, then the sum
+// (the build's -ffp-contract=off keeps the compiler from fusing them into an FMA).
+inline void rotate(const float* x, const float* cos, const float* ssin, float* out, int64_t d) {
+  const int64_t h = d / 2;
+  for (int64_t i = 0; i < h; ++i) out[i] = x[i] * cos[i] + x[i + h] * ssin[i];
+  for (int64_t i = h; i < d; ++i) out[i] = x[i] * cos[i] + x[i - h] * ssin[i];
+}
+
+}  // namespace
+
+namespace rlm {
+
+// qkv [T, >= (Hq + 2 Hkv) D] (q heads, k heads, v heads side by side, as the fused projection writes
+// them); cos / signed_sin [T, (1,) D] from RotaryEmbedding.lookup. Rotates q and k, writes k and v into
+// the pool buffers [S, Hkv, D] at slots loc [T], returns the rotated q [T, Hq, D].
+at::Tensor rope_store_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& ssin,
+                         at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& loc, int64_t hq, int64_t hkv) {
+  const char* op = "rope_store_kv";
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&qkv, &cos, &ssin, &k_buf, &v_buf}) check_f32(*t, op, "every float input");
+  check_i64(loc, op, "loc");
+  const int64_t T = qkv.size(0), d = cos.size(-1);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) >= (hq + 2 * hkv) * d && d % 2 == 0, op, ": qkv must be [T, >= (",
+              hq, " + 2 * ", hkv, ") * ", d, "]");
+  TORCH_CHECK(cos.numel() == T * d && ssin.numel() == T * d && loc.size(0) == T, op,
+              ": cos, signed_sin and loc need one row per token");
+  TORCH_CHECK(k_buf.dim() == 3 && k_buf.size(1) == hkv && k_buf.size(2) == d && v_buf.sizes() == k_buf.sizes(),
+              op, ": pool buffers must be [S, ", hkv, ", ", d, "]");
+  auto q = at::empty({T, hq, d}, qkv.options());
+  const int64_t width = qkv.size(1), slots = k_buf.size(0), kv = hkv * d;
+  const float *xp = qkv.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = ssin.data_ptr<float>();
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  float *qp = q.data_ptr<float>(), *kp = k_buf.data_ptr<float>(), *vp = v_buf.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, op, ": slot ", lp[t], " is outside the pool");
+  at::parallel_for(0, T, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float *x = xp + t * width, *c = cp + t * d, *s = sp + t * d;
+      for (int64_t h = 0; h < hq; ++h) rotate(x + h * d, c, s, qp + (t * hq + h) * d, d);
+      float* k = kp + lp[t] * kv;
+      for (int64_t h = 0; h < hkv; ++h) rotate(x + (hq + h) * d, c, s, k + h * d, d);
+      std::copy(x + (hq + hkv) * d, x + (hq + 2 * hkv) * d, vp + lp[t] * kv);
+    }
+  });
+  return q;
+}
+
+}  // namespace rlm
+
+namespace {
+
+// Dot product in 16 independent lanes (vectorizes without reassociation flags), lanes summed pairwise.
+inline float dot(const float* a, const float* b, int64_t n) {
+  float lane[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) lane[j] += a[i + j] * b[i + j];
+  for (; i < n; ++i) lane[i % 16] += a[i] * b[i];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+  return lane[0];
+}
+
+// The G query heads that share one KV head, of one row, over the row's L cached tokens: scores, softmax
+// (max-subtracted, fp32), weighted sum of V; each K and V row is read once for all G heads. Two passes
+// over a scores buffer [G, L] rather than an online softmax: the scores fit in L1/L2, and the exps run as
+// one vectorized loop. A (row, head)'s arithmetic is the same whatever else is in the batch (batch
+// invariance). q and out: the G heads' [G, D], contiguous.
+void attend_group(const float* q, const float* k_base, const float* v_base, const int64_t* slots, int64_t L,
+                  int64_t stride, int64_t d, int64_t G, float scale, float* scores, float* out) {
+  for (int64_t j = 0; j < L; ++j) {
+    const float* k = k_base + slots[j] * stride;
+    for (int64_t g = 0; g < G; ++g) scores[g * L + j] = dot(q + g * d, k, d) * scale;
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores + g * L;
+    float m = s[0];
+    for (int64_t j = 1; j < L; ++j) m = std::max(m, s[j]);
+    for (int64_t j = 0; j < L; ++j) s[j] = rlm::fast_exp(s[j] - m);
+  }
+  std::fill(out, out + G * d, 0.0f);
+  for (int64_t j = 0; j < L; ++j) {
+    const float* v = v_base + slots[j] * stride;
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * L + j];
+      float* o = out + g * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += p * v[i];
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const float* s = scores + g * L;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < L; ++j) sum += s[j];
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < d; ++i) out[g * d + i] *= inv;
+  }
+}
+
+// attend_group for a head size of W * C and at most 8 query heads a KV head (all common models), written
+// with GCC vector types of the build's width W (16 floats with AVX-512, 8 with AVX2: wider generic vectors
+// are split badly on AVX2), so that q, each K/V row and the output accumulators stay in registers (the
+// generic loops above keep them in memory: ~3x slower). Same two passes; the dot products are summed in
+// W lanes, then halved (a fixed order for every row, not the generic loops' order).
+#ifdef __AVX512F__
+constexpr int W = 16;
+#else
+constexpr int W = 8;
+#endif
+typedef float vec __attribute__((vector_size(4 * W)));
+typedef float v4 __attribute__((vector_size(16)));
+
+inline vec loadv(const float* p) {
+  vec r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+
+inline float hsum(vec v) {
+#ifdef __AVX512F__
+  typedef float v8 __attribute__((vector_size(32)));
+  v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  vec a = v;
+#endif
+  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+constexpr int64_t kMaxGroup = 8;
+
+template <int C>
+void attend_group_vec(const float* q, const float* k_base, const float* v_base, const int64_t* slots, int64_t L,
+                      int64_t stride, int64_t G, float scale, float* scores, float* out) {
+  constexpr int64_t d = W * C;
+  vec qv[kMaxGroup][C], acc[kMaxGroup][C];
+  for (int64_t g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) qv[g][c] = loadv(q + g * d + W * c);
+  for (int64_t j = 0; j < L; ++j) {
+    const float* k = k_base + slots[j] * stride;
+    vec kv[C];
+    for (int c = 0; c < C; ++c) kv[c] = loadv(k + W * c);
+    for (int64_t g = 0; g < G; ++g) {
+      vec a = qv[g][0] * kv[0];
+      for (int c = 1; c < C; ++c) a += qv[g][c] * kv[c];
+      scores[g * L + j] = hsum(a) * scale;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = scores + g * L;
+    float m = sg[0];
+    for (int64_t j = 1; j < L; ++j) m = std::max(m, sg[j]);
+    for (int64_t j = 0; j < L; ++j) sg[j] = rlm::fast_exp(sg[j] - m);
+    for (int c = 0; c < C; ++c) acc[g][c] = vec{};
+  }
+  for (int64_t j = 0; j < L; ++j) {
+    const float* v = v_base + slots[j] * stride;
+    vec vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = loadv(v + W * c);
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * L + j];
+      for (int c = 0; c < C; ++c) acc[g][c] += p * vv[c];
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const float* sg = scores + g * L;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < L; ++j) sum += sg[j];
+    const float inv = 1.0f / sum;
+    for (int c = 0; c < C; ++c) {
+      const vec o = acc[g][c] * inv;
+      std::memcpy(out + g * d + W * c, &o, sizeof o);
+    }
+  }
+}
+
+// The fast path where it applies (head sizes 64 and 128), else the generic loops.
+void attend(const float* q, const float* k_base, const float* v_base, const int64_t* slots, int64_t L,
+            int64_t stride, int64_t d, int64_t G, float scale, float* scores, float* out) {
+  if (G <= kMaxGroup && d == 64) return attend_group_vec<64 / W>(q, k_base, v_base, slots, L, stride, G, scale, scores, out);
+  if (G <= kMaxGroup && d == 128) return attend_group_vec<128 / W>(q, k_base, v_base, slots, L, stride, G, scale, scores, out);
+  attend_group(q, k_base, v_base, slots, L, stride, d, G, scale, scores, out);
+}
+
+}  // namespace
+
+namespace rlm {
+
+// q [b, Hq, D]: one query per row (decode); row r attends to slots req_to_token[req_rows[r], :seq_lens[r]]
+// of the pool buffers [S, Hkv, D] (GQA: query head h reads KV head h / (Hq / Hkv)). -> [b, Hq, D].
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                                  const at::Tensor& req_to_token, const at::Tensor& req_rows,
+                                  const at::Tensor& seq_lens, double scale) {
+  const char* op = "paged_decode_attention";
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k_buf, &v_buf}) check_f32(*t, op, "q and the pool buffers");
+  check_i64(req_rows, op, "req_rows");
+  check_i64(seq_lens, op, "seq_lens");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kLong && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
+              op, ": req_to_token must be int64 [R, C] with contiguous rows");
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && k_buf.size(2) == q.size(2) && v_buf.sizes() == k_buf.sizes(),
+              op, ": q [b, Hq, D] and pool buffers [S, Hkv, D] disagree");
+  const int64_t b = q.size(0), hq = q.size(1), d = q.size(2), hkv = k_buf.size(1);
+  TORCH_CHECK(hq % hkv == 0, op, ": ", hq, " query heads are not a multiple of ", hkv, " KV heads");
+  TORCH_CHECK(req_rows.size(0) == b && seq_lens.size(0) == b, op, ": req_rows and seq_lens need b entries");
+  const int64_t *rp = req_rows.data_ptr<int64_t>(), *lp = seq_lens.data_ptr<int64_t>();
+  const int64_t* table = req_to_token.data_ptr<int64_t>();
+  const int64_t rstride = req_to_token.stride(0), slots_n = k_buf.size(0);
+  int64_t max_len = 1;
+  for (int64_t r = 0; r < b; ++r) {
+    TORCH_CHECK(rp[r] >= 0 && rp[r] < req_to_token.size(0) && lp[r] >= 1 && lp[r] <= req_to_token.size(1),
+                op, ": row ", r, " has a bad request index or length");
+    const int64_t* s = table + rp[r] * rstride;
+    for (int64_t j = 0; j < lp[r]; ++j)
+      TORCH_CHECK(s[j] >= 0 && s[j] < slots_n, op, ": slot ", s[j], " is outside the pool");
+    max_len = std::max(max_len, lp[r]);
+  }
+  auto out = at::empty_like(q);
+  const float *qp = q.data_ptr<float>(), *kp = k_buf.data_ptr<float>(), *vp = v_buf.data_ptr<float>();
+  float* op_ = out.data_ptr<float>();
+  const int64_t group = hq / hkv, stride = hkv * d;
+  // One task per (row, KV head): its G query heads share every K/V row read. Tasks are spread over the
+  // threads only when each has enough work to pay for waking them (~64K multiply-adds; a short decode
+  // row measured no faster on 2 threads than on 1).
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, group * max_len * d));
+  at::parallel_for(0, b * hkv, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * max_len);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / hkv, kvh = task % hkv;
+      attend(qp + task * group * d, kp + kvh * d, vp + kvh * d, table + rp[r] * rstride, lp[r], stride, d,
+                   group, float(scale), scores.data(), op_ + task * group * d);
+    }
+  });
+  return out;
+}
+
+}  // namespace rlm
+
+RADIXLM_OPS(m) {
+  m.def("rope_store_kv(Tensor qkv, Tensor cos, Tensor signed_sin, Tensor(a!) k_buf, Tensor(b!) v_buf, "
+        "Tensor loc, int num_q_heads, int num_kv_heads) -> Tensor",
+        rlm::rope_store_kv);
+  m.def("paged_decode_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor req_rows, "
+        "Tensor seq_lens, float scale) -> Tensor",
+        rlm::paged_decode_attention);
+}

@@ -1,0 +1,64 @@
+"""Hands radixlm's compiled CPU ops (radixlm.kernels.cpu) to the model's modules, once, at model load.
+
+Runs inside the scheduler process. At batch-1 decode the per-step work outside the matmuls is ~1000 small
+ATen calls (RMSNorm, rotary, K/V stores, gathers, SDPA, SiLU); each op here replaces several of them
+(docs/engine.md, "CPU speed"). Only for fp32 on the CPU without tensor parallelism (the ops are fp32
+loops; the TP path keeps torch and its all-reduces), and only where load() found or built them: without a
+compiler, or with RADIXLM_CPU_OPS=0, every module keeps its torch code.
+
+The modules hold the ops namespace as an attribute (`native`) rather than looking it up per call:
+  RMSNorm (the decoder's two a layer and the final one; Qwen3's q/k norms run on strided views: torch)
+  Attention (decode steps: rotary + K/V store; not with Qwen3's q/k norms, which come before the rotary)
+  DecoderLayer (silu(gate) * up; and a one-token decode step as one op, decode_layer, with fp32 weights in
+               any layout of weight_layout.py; not with quantized weights)
+and TorchAttentionBackend(ops) runs decode rows with the paged decode attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.model.weight_layout import PackedRows, blocked_linear, packed_linear
+
+
+def load_cpu_ops(device: torch.device, dtype: torch.dtype, tensor_parallel: bool, attention_backend: str):
+    """The ops namespace when they apply to this model run, else None. The attention ops are part of the
+    torch backend (the decode path stores K/V itself and hands q to TorchAttentionBackend.decode_stored)."""
+    if device.type != "cpu" or dtype != torch.float32 or tensor_parallel or attention_backend not in ("auto", "torch"):
+        return None
+    from radixlm.kernels.cpu import load
+
+    return load()
+
+
+def apply_cpu_ops(model: nn.Module, ops) -> None:
+    """Give the model's modules the compiled ops (see the module docstring); in place."""
+    for layer in model.layers:
+        layer.input_layernorm.native = layer.post_attention_layernorm.native = ops
+        if layer.self_attn.q_norm is None:
+            layer.self_attn.native = ops
+            layer.decode_weights = one_row_weights(layer)
+        layer.native = ops
+    model.norm.native = ops
+
+
+def one_row_weights(layer: nn.Module) -> tuple[torch.Tensor, ...] | None:
+    """The (qkv, o, gate_up, down) weights the layer's `linear` multiplies one row with, when decode_layer's
+    matmul takes each the same way (row blocks [p, out/p, in] -> bmm, oneDNN-packed -> its inner product,
+    [out, in] -> linear): every fp32 layout of weight_layout.py. None for quantized weights (their own
+    `linear`), which keep the module-by-module path."""
+    attn = layer.self_attn
+    if attn.linear is not layer.linear or layer.linear not in (F.linear, blocked_linear, packed_linear):
+        return None
+    out = []
+    for w in (attn.qkv_weight, attn.o_weight, layer.gate_up_weight, layer.down_weight):
+        if isinstance(w, PackedRows):
+            w = w.rows  # what packed_linear multiplies one row with
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.dim() not in (2, 3):
+            return None
+        if (w.dim() == 3 and layer.linear is F.linear) or (w.is_mkldnn and layer.linear is not packed_linear):
+            return None
+        out.append(w)
+    return tuple(out)
