@@ -93,14 +93,23 @@ def test_silu_mul_matches_torch(ops, t: int, inter: int) -> None:
     torch.testing.assert_close(ops.silu_mul(gate_up), reference.silu_mul(gate_up), rtol=2e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("blocked", [True, False])
-def test_decode_layer_is_the_chain_of_the_ops(ops, blocked: bool) -> None:
-    """decode_layer == the ops called one by one with torch's matmuls (bmm over row blocks, or linear)."""
-    g = torch.Generator().manual_seed(int(blocked))
+@pytest.mark.parametrize("kind", ["blocks", "row", "f32_tiles", "int8_tiles"])
+def test_decode_layer_is_the_chain_of_the_ops(ops, kind: str) -> None:
+    """decode_layer == the ops called one by one with the matmul each weight layout uses at one row: bmm over
+    row blocks, linear, or gemv.cpp's tiled fp32 / int8 GEMVs (packed_tiles, --quantization int8)."""
+    g = torch.Generator().manual_seed(len(kind))
     hidden, inter, hq, hkv, d = 48, 80, 4, 2, 12
     w = {name: torch.randn(rows, cols, generator=g) * 0.2 for name, rows, cols in
          [("qkv", (hq + 2 * hkv) * d, hidden), ("o", hidden, hq * d), ("gate_up", 2 * inter, hidden), ("down", hidden, inter)]}
-    mm = {k: v.view(2, v.shape[0] // 2, v.shape[1]) if blocked else v for k, v in w.items()}
+    scales = {k: v.abs().amax(1) / 127 for k, v in w.items()}
+    if kind == "blocks":
+        mm = {k: v.view(2, v.shape[0] // 2, v.shape[1]) for k, v in w.items()}
+    elif kind == "f32_tiles":
+        mm = {k: ops.pack_rows(v) for k, v in w.items()}
+    elif kind == "int8_tiles":
+        mm = {k: ops.pack_rows(torch.round(v / scales[k][:, None]).to(torch.int8)) for k, v in w.items()}
+    else:
+        mm = dict(w)
     norms = torch.randn(2, hidden, generator=g)
     bias = torch.randn((hq + 2 * hkv) * d, generator=g)
     k, v, req_to_token, req_rows, seq_lens = _pool(1, hkv, d, [9], g)
@@ -109,8 +118,12 @@ def test_decode_layer_is_the_chain_of_the_ops(ops, blocked: bool) -> None:
     x, residual = torch.randn(1, hidden, generator=g), torch.randn(1, hidden, generator=g)
 
     def lin(a, name, b=None):
-        if not blocked:
+        if kind == "row":
             return torch.nn.functional.linear(a, w[name], b)
+        if kind == "f32_tiles":
+            return ops.f32_linear(a, mm[name], w[name].shape[0], b)
+        if kind == "int8_tiles":
+            return ops.int8_linear(a, mm[name], scales[name], b)
         y = torch.bmm(mm[name], a.t().expand(2, a.shape[1], 1)).view(1, -1)
         return y if b is None else y + b
 
@@ -120,6 +133,10 @@ def test_decode_layer_is_the_chain_of_the_ops(ops, blocked: bool) -> None:
     o = ops.paged_decode_attention(q, k2, v2, req_to_token, req_rows, seq_lens, d**-0.5)
     h2 = ops.add_rms_norm(lin(o.view(1, -1), "o"), res2, norms[1], 1e-6)
     want = lin(ops.silu_mul(lin(h2, "gate_up")), "down")
+    names = ("qkv", "o", "gate_up", "down")
+    tiled = [w[n].shape[0] if kind.endswith("tiles") else 0 for n in names]
+    layer_scales = [scales[n] if kind == "int8_tiles" else None for n in names]
     got = ops.decode_layer(x, residual, norms[0], norms[1], 1e-6, mm["qkv"], bias, mm["o"], mm["gate_up"], mm["down"],
-                           cos, ssin, k, v, loc, req_to_token, req_rows, seq_lens, hq, hkv, d**-0.5, False)
+                           cos, ssin, k, v, loc, req_to_token, req_rows, seq_lens, hq, hkv, d**-0.5, False,
+                           *layer_scales, tiled)
     assert torch.equal(got, want) and torch.equal(residual, res2) and torch.equal(k, k2) and torch.equal(v, v2)

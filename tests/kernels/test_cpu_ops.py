@@ -62,15 +62,15 @@ def test_a_cached_build_is_reused(tmp_path, monkeypatch) -> None:
 
 
 def test_disabled_or_without_a_compiler_the_callers_keep_torch(monkeypatch, caplog) -> None:
-    build.load.cache_clear()
+    build._load.cache_clear()
     try:
         monkeypatch.setenv(build.DISABLE_ENV, "0")
         assert build.load("native") is None
         monkeypatch.delenv(build.DISABLE_ENV)
-        build.load.cache_clear()  # load() remembers its answer per ISA
+        build._load.cache_clear()  # load() remembers its answer per ISA (in _load)
         monkeypatch.setenv("CXX", "no-such-compiler-radixlm")
         with caplog.at_level(logging.WARNING, logger=build.__name__):
             assert build.load("native") is None
         assert "no C++ compiler" in caplog.text
     finally:
-        build.load.cache_clear()
+        build._load.cache_clear()

@@ -27,7 +27,7 @@ def _greedy(engine: Engine, prompts: list[str]) -> list[list[int]]:
 
 @needs_compiler
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("layout", ["blocks", "packed", "packed_blocks", "row", "column"])
+@pytest.mark.parametrize("layout", ["blocks", "packed", "packed_blocks", "packed_tiles", "row", "column"])
 def test_lone_and_batched_requests_match_transformers(request, monkeypatch, arch: str, layout: str) -> None:
     model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
     fused_steps = []
@@ -48,15 +48,35 @@ def test_lone_and_batched_requests_match_transformers(request, monkeypatch, arch
         engine.check_integrity()
 
 
+@needs_compiler
+def test_int8_one_token_steps_run_as_one_op_and_match_the_module_path(tiny_llama_dir, monkeypatch) -> None:
+    """int8 layers with the tiled copy go through decode_layer (its int8 GEMV is the one quant_linear runs at
+    one row), and give the same tokens as the module-by-module path."""
+    fused_steps = []
+    one_token = DecoderLayer._decode_one_token
+    monkeypatch.setattr(DecoderLayer, "_decode_one_token", lambda *a: fused_steps.append(1) or one_token(*a))
+    with Engine(str(tiny_llama_dir), max_total_tokens=4096, quantization="int8", num_threads=2) as engine:
+        layers = engine.runner.model.layers
+        quantized = [layer for layer in layers if layer.decode_weights is not None and layer.decode_weights.tiled[0]]
+        assert quantized and all(s is not None for layer in quantized for s in layer.decode_weights.scales)
+        fused = [_greedy(engine, [p])[0] for p in PROMPTS]
+        assert fused_steps
+        for layer in layers:
+            layer.decode_weights = None  # the module-by-module path, the same kernels
+        engine.flush_cache()
+        assert [_greedy(engine, [p])[0] for p in PROMPTS] == fused
+        engine.check_integrity()
+
+
 def test_with_the_ops_off_the_model_keeps_torch(tiny_llama_dir, monkeypatch) -> None:
     monkeypatch.setenv(build.DISABLE_ENV, "0")
-    build.load.cache_clear()
+    build._load.cache_clear()
     try:
         with Engine(str(tiny_llama_dir), max_total_tokens=4096) as engine:
             assert engine.runner.cpu_ops is None and engine.runner.model.layers[0].decode_weights is None
             assert [_greedy(engine, [p])[0] for p in PROMPTS] == hf_greedy_ids(str(tiny_llama_dir), PROMPTS, NEW)
     finally:
-        build.load.cache_clear()
+        build._load.cache_clear()
 
 
 @needs_compiler

@@ -53,9 +53,21 @@ def enabled() -> bool:
     return os.environ.get(DISABLE_ENV, "1") != "0"
 
 
+def default_isa() -> str:
+    """The build this process runs: "avx2" where torch itself dispatches at AVX2 (an AVX2-only CPU, or
+    ATEN_CPU_CAPABILITY=avx2 forcing that path), else "native". Every caller must use the same build: a
+    weight packed by one build's pack_rows has that build's tile shape."""
+    return "avx2" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "native"
+
+
+def load(isa: str | None = None):
+    """torch.ops.<namespace(isa)> with the ops compiled and loaded (isa None: default_isa()), or None when
+    they cannot be (logged)."""
+    return _load(default_isa() if isa is None else isa)
+
+
 @cache
-def load(isa: str = "native"):
-    """torch.ops.<namespace(isa)> with the ops compiled and loaded, or None when they cannot be (logged)."""
+def _load(isa: str):
     if isa not in ISA_FLAGS:
         raise ValueError(f"isa must be one of {', '.join(ISA_FLAGS)}; got {isa!r}")
     if not enabled():

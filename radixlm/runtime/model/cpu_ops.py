@@ -10,17 +10,20 @@ The modules hold the ops namespace as an attribute (`native`) rather than lookin
   RMSNorm (the decoder's two a layer and the final one; Qwen3's q/k norms run on strided views: torch)
   Attention (decode steps: rotary + K/V store; not with Qwen3's q/k norms, which come before the rotary)
   DecoderLayer (silu(gate) * up; and a one-token decode step as one op, decode_layer, with fp32 weights in
-               any layout of weight_layout.py; not with quantized weights)
+               any layout of weight_layout.py, and int8 weights through their tiled copy; not int4)
 and TorchAttentionBackend(ops) runs decode rows with the paged decode attention.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.runtime.model.weight_layout import PackedRows, blocked_linear, packed_linear
+from radixlm.runtime.model.quant.kernels import Int8Weight, quant_linear
+from radixlm.runtime.model.weight_layout import PackedRows, Tiles, blocked_linear, packed_linear
 
 
 def load_cpu_ops(device: torch.device, dtype: torch.dtype, tensor_parallel: bool, attention_backend: str):
@@ -44,21 +47,46 @@ def apply_cpu_ops(model: nn.Module, ops) -> None:
     model.norm.native = ops
 
 
-def one_row_weights(layer: nn.Module) -> tuple[torch.Tensor, ...] | None:
-    """The (qkv, o, gate_up, down) weights the layer's `linear` multiplies one row with, when decode_layer's
-    matmul takes each the same way (row blocks [p, out/p, in] -> bmm, oneDNN-packed -> its inner product,
-    [out, in] -> linear): every fp32 layout of weight_layout.py. None for quantized weights (their own
-    `linear`), which keep the module-by-module path."""
+@dataclass(frozen=True)
+class OneRowWeights:
+    """What decode_layer multiplies one row with, per weight (qkv, o, gate_up, down): the tensor, the int8
+    scales (None unless int8), and the tiled output rows (0 unless the weight is gemv.cpp's tiled copy)."""
+
+    weights: tuple[torch.Tensor, ...]
+    scales: tuple[torch.Tensor | None, ...]
+    tiled: tuple[int, ...]
+
+
+def one_row_weights(layer: nn.Module) -> OneRowWeights | None:
+    """The weights the layer's `linear` multiplies one row with, when decode_layer's matmul takes each the
+    same way: row blocks [p, out/p, in] -> bmm, oneDNN-packed -> its inner product, [out, in] -> linear, a
+    tiled copy -> the compiled fp32 GEMV (packed_tiles) or int8 GEMV (int8 weights with `tiles`, the same
+    kernel quant_linear runs at one row). None otherwise (int4, int8 without the tiled copy), which keeps
+    the module-by-module path."""
     attn = layer.self_attn
-    if attn.linear is not layer.linear or layer.linear not in (F.linear, blocked_linear, packed_linear):
+    if attn.linear is not layer.linear or layer.linear not in (F.linear, blocked_linear, packed_linear, quant_linear):
         return None
     out = []
     for w in (attn.qkv_weight, attn.o_weight, layer.gate_up_weight, layer.down_weight):
-        if isinstance(w, PackedRows):
-            w = w.rows  # what packed_linear multiplies one row with
-        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.dim() not in (2, 3):
+        entry = _one_row(w, layer.linear)
+        if entry is None:
             return None
-        if (w.dim() == 3 and layer.linear is F.linear) or (w.is_mkldnn and layer.linear is not packed_linear):
+        out.append(entry)
+    weights, scales, tiled = zip(*out)
+    return OneRowWeights(weights, scales, tiled)
+
+
+def _one_row(w, linear) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    if linear is quant_linear:
+        if not isinstance(w, Int8Weight) or w.tiles is None:
             return None
-        out.append(w)
-    return tuple(out)
+        return w.tiles.data, w.tiles.scales, w.tiles.scales.numel()
+    if isinstance(w, PackedRows):
+        w = w.rows  # what packed_linear multiplies one row with
+    if isinstance(w, Tiles):
+        return w.data, None, w.out_features
+    if not isinstance(w, torch.Tensor) or w.dtype != torch.float32 or w.dim() not in (2, 3):
+        return None
+    if (w.dim() == 3 and linear is F.linear) or (w.is_mkldnn and linear is not packed_linear):
+        return None
+    return w, None, 0

@@ -107,7 +107,7 @@ class DecoderLayer(nn.Module):
         self.native = None  # compiled CPU ops for silu(gate) * up (cpu_ops.py); None: torch
         # With the compiled ops: the (qkv, o, gate_up, down) weights a one-row matmul uses, for the whole-layer
         # decode op (cpu_ops.one_row_weights); None: the step runs module by module.
-        self.decode_weights: tuple | None = None
+        self.decode_weights = None  # cpu_ops.OneRowWeights
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 backend, kv_pool, meta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,12 +135,13 @@ class DecoderLayer(nn.Module):
         the embedding output x)."""
         attn, d = self.self_attn, self.self_attn.d
         residual = x if residual is None else residual
-        qkv, o, gate_up, down = self.decode_weights
+        w = self.decode_weights
+        qkv, o, gate_up, down = w.weights
         out = self.native.decode_layer(
             x, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight, d.rms_eps, qkv,
             attn.qkv_bias, o, gate_up, down, *rope, kv_pool.k_buffer[attn.layer_id], kv_pool.v_buffer[attn.layer_id],
             meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, d.num_heads,
-            d.num_kv_heads, meta.sm_scale, residual is x)
+            d.num_kv_heads, meta.sm_scale, residual is x, *w.scales, w.tiled)
         return out, residual
 
 

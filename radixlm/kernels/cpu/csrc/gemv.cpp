@@ -9,6 +9,7 @@
 // lanes, then a fixed lane reduction): never on M, on the row's place in the batch, or on the thread
 // split. So a row's result has the same bits alone and in any batch (batch invariance).
 #include "common.h"
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 
@@ -173,6 +174,10 @@ void check_packed(const at::Tensor& w, at::ScalarType dtype, int64_t n, const st
                 name, ": bias must be fp32 [", n, "]");
 }
 
+}  // namespace
+
+namespace rlm {
+
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const std::optional<at::Tensor>& bias) {
   const int64_t n = scales.numel(), kp = packed.size(1) / NR;
@@ -195,10 +200,10 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   return y;
 }
 
-}  // namespace
+}  // namespace rlm
 
 RADIXLM_OPS(m) {
   m.def("pack_rows(Tensor weight) -> Tensor", pack_rows);
-  m.def("int8_linear(Tensor x, Tensor packed, Tensor scales, Tensor? bias) -> Tensor", int8_linear);
-  m.def("f32_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", f32_linear);
+  m.def("int8_linear(Tensor x, Tensor packed, Tensor scales, Tensor? bias) -> Tensor", rlm::int8_linear);
+  m.def("f32_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", rlm::f32_linear);
 }

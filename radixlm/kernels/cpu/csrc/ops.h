@@ -14,5 +14,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_buf, 
                                   const at::Tensor& req_to_token, const at::Tensor& req_rows,
                                   const at::Tensor& seq_lens, double scale);  // attention.cpp
 at::Tensor silu_mul(const at::Tensor& gate_up);  // activation.cpp
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                       const std::optional<at::Tensor>& bias);  // gemv.cpp
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                      const std::optional<at::Tensor>& bias);  // gemv.cpp
 
 }  // namespace rlm

@@ -76,8 +76,7 @@ def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
     if plan.quantization == "int8":  # the compiled few-row GEMV (kernels.GEMV_MAX_ROWS), where it builds
         from radixlm.kernels import cpu as cpu_ops
 
-        # torch dispatching at AVX2 (an AVX2-only CPU, or forced by ATEN_CPU_CAPABILITY): the AVX2 build too
-        ops = cpu_ops.load("avx2" if plan.caps.capability == "AVX2" else "native")
+        ops = cpu_ops.load()  # the process's build (build.default_isa: AVX2 where torch dispatches at AVX2)
     exact = quantize_model(model, plan.quantization, source, dense, ops)
     kept = dense_first_layers(plan.quantization, len(model.layers))
     detail = {"none": "", "int8": f", int8 per channel, bf16 activations, the LM head and the first {kept} "
