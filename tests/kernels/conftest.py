@@ -99,3 +99,14 @@ def paged_batch() -> Callable[..., PagedBatch]:
 @pytest.fixture
 def tol() -> Callable[[torch.dtype], dict[str, float]]:
     return tolerance
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def ops(request):
+    """radixlm's compiled CPU ops (radixlm/kernels/cpu), once per ISA build: the native one and the AVX2 one
+    (the path an AVX2-only machine takes). The tests that use it skip where there is no compiler."""
+    from radixlm.kernels.cpu import build
+
+    built = build.load(request.param)
+    assert built is not None, "the ops did not build (see the log)"
+    return built

@@ -8,16 +8,9 @@ import shutil
 import pytest
 import torch
 
-from radixlm.kernels.cpu import build, reference
+from radixlm.kernels.cpu import reference
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: the ops fall back to torch")
-
-
-@pytest.fixture(scope="module", params=["native", "avx2"])
-def ops(request):
-    built = build.load(request.param)
-    assert built is not None, "the ops did not build (see the log)"
-    return built
 
 
 def _rope(t: int, d: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

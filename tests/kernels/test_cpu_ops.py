@@ -14,13 +14,6 @@ from radixlm.kernels.cpu import build, reference
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: the ops fall back to torch")
 
 
-@pytest.fixture(scope="module", params=["native", "avx2"])
-def ops(request):
-    built = build.load(request.param)
-    assert built is not None, "the ops did not build (see the log)"
-    return built
-
-
 @pytest.mark.parametrize("rows", [1, 3, 64])
 @pytest.mark.parametrize("hidden", [576, 37])  # 37: a row that is not a multiple of any vector width
 def test_rms_norm_matches_torch(ops, rows: int, hidden: int) -> None:
