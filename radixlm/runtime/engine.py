@@ -64,20 +64,22 @@ class Engine:
         rids = [p.msg.rid] if n == 1 else [f"{p.msg.rid}-{i}" for i in range(n)]
         return [ResponseState(rid, p, self.tokenizer, child=i) for i, rid in enumerate(rids)]
 
-    def _submit(self, states: list[ResponseState]) -> queue.Queue:
-        """One GenerateReq per prompt (its n copies as child rids), as the server sends them."""
+    def _submit(self, states: list[ResponseState], at_finish: bool = False) -> queue.Queue:
+        """One GenerateReq per prompt (its n copies as child rids), as the server sends them. at_finish: a
+        request's outputs arrive together when it finishes (QueueTransport.submit)."""
         inbox: queue.Queue = queue.Queue()
         by_prompt: dict[int, list[ResponseState]] = {}
         for state in states:
             by_prompt.setdefault(id(state.prepared), []).append(state)
         for group in by_prompt.values():
             p = group[0].prepared
-            self._loop.submit(GenerateReq(p.msg, [s.rid for s in group], p.return_text_in_logprobs), inbox)
+            self._loop.submit(GenerateReq(p.msg, [s.rid for s in group], p.return_text_in_logprobs), inbox,
+                              at_finish)
         return inbox
 
     def _run(self, states: list[ResponseState]) -> list[dict[str, Any]]:
         by_rid = {s.rid: s for s in states}
-        inbox = self._submit(states)
+        inbox = self._submit(states, at_finish=True)
         pending = len(states)
         while pending:
             out = inbox.get()

@@ -57,10 +57,11 @@ class EngineLoop:
                       shutdown_message="engine shut down").run()
 
     # ---- called from user threads -----------------------------------------------------------------
-    def submit(self, msg: GenerateReq, inbox: queue.Queue) -> None:
-        """Run the request; every child rid's TokenOuts arrive in inbox (a refusal is one with `error`)."""
+    def submit(self, msg: GenerateReq, inbox: queue.Queue, at_finish: bool = False) -> None:
+        """Run the request; every child rid's TokenOuts arrive in inbox (a refusal is one with `error`), as
+        they come or (at_finish) together when the rid finishes."""
         self._check_alive()
-        self.transport.submit(msg, inbox)
+        self.transport.submit(msg, inbox, at_finish)
 
     def abort(self, rid: str) -> None:
         if not self._stopped:

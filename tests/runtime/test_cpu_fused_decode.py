@@ -1,6 +1,7 @@
 """The model with radixlm's compiled CPU ops (runtime/model/cpu_ops.py) against transformers: greedy outputs
-stay token-identical for lone requests (the whole-layer decode op), batched ones (the paged decode attention),
-radix-cache hits (K/V slots that are not one ascending run), and with the ops turned off."""
+stay token-identical for lone requests (every layer of a one-token step in one call: DecodeStack; or layer by
+layer: decode_layer), batched ones (the paged decode attention), radix-cache hits (K/V slots that are not one
+ascending run), and with the ops turned off."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ def _greedy(engine: Engine, prompts: list[str]) -> list[list[int]]:
     return [r["output_ids"] for r in res]
 
 
+class _CountedStack:
+    """Stands in for the model's DecodeStack (a TorchScript object, whose methods cannot be patched) and
+    counts the steps it serves."""
+
+    def __init__(self, stack) -> None:
+        self.stack, self.steps = stack, 0
+
+    def forward(self, *args):
+        self.steps += 1
+        return self.stack.forward(*args)
+
+
 @needs_compiler
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("layout", ["blocks", "packed", "packed_blocks", "packed_tiles", "row", "column"])
@@ -37,10 +50,17 @@ def test_lone_and_batched_requests_match_transformers(request, monkeypatch, arch
     with Engine(str(model_dir), max_total_tokens=4096, weight_layout=layout, num_threads=2) as engine:
         runner = engine.runner
         assert runner.cpu_ops is not None
-        layer = runner.model.layers[0]
+        model = runner.model
         # Qwen3's q/k norms come before the rotary: its layers keep the module-by-module attention.
-        assert (layer.decode_weights is None) == (arch == "qwen3")
-        assert [_greedy(engine, [p])[0] for p in PROMPTS] == expected  # one at a time: decode_layer
+        assert (model.layers[0].decode_weights is None) == (arch == "qwen3")
+        assert (model.decode_stack is None) == (arch == "qwen3")
+        if model.decode_stack is not None:
+            model.decode_stack = stack = _CountedStack(model.decode_stack)
+            assert [_greedy(engine, [p])[0] for p in PROMPTS] == expected  # one at a time: the stack
+            assert stack.steps >= len(PROMPTS) * (NEW - 1) and not fused_steps
+            model.decode_stack = None
+            engine.flush_cache()
+        assert [_greedy(engine, [p])[0] for p in PROMPTS] == expected  # layer by layer: decode_layer
         assert bool(fused_steps) == (arch != "qwen3")
         assert _greedy(engine, PROMPTS) == expected  # batched decode: the paged attention
         # The radix cache now holds the prompts: a hit puts cached slots before fresh ones.
@@ -59,8 +79,12 @@ def test_int8_one_token_steps_run_as_one_op_and_match_the_module_path(tiny_llama
         layers = engine.runner.model.layers
         quantized = [layer for layer in layers if layer.decode_weights is not None and layer.decode_weights.tiled[0]]
         assert quantized and all(s is not None for layer in quantized for s in layer.decode_weights.scales)
+        stacked = [_greedy(engine, [p])[0] for p in PROMPTS]
+        engine.runner.model.decode_stack = None
+        engine.flush_cache()
         fused = [_greedy(engine, [p])[0] for p in PROMPTS]
-        assert fused_steps
+        assert fused_steps and fused == stacked
+        engine.runner.model.decode_stack = None  # it holds the layers' one-row weights too
         for layer in layers:
             layer.decode_weights = None  # the module-by-module path, the same kernels
         engine.flush_cache()
@@ -96,3 +120,24 @@ def test_batched_decode_over_a_shared_cached_prefix_keeps_the_cascade(tiny_llama
         _greedy(engine, [prefix])  # the prefix now sits in the radix cache
         assert _greedy(engine, prompts) == hf_greedy_ids(str(tiny_llama_dir), prompts, NEW)
     assert cascades
+
+
+@needs_compiler
+@pytest.mark.parametrize("layout", ["packed_tiles", "blocks"])
+def test_the_stack_gives_the_same_bits_as_layer_by_layer(tiny_llama_dir, layout: str) -> None:
+    """DecodeStack chains decode_layer itself: every logprob of a lone greedy request is the same float."""
+    params = {"max_new_tokens": NEW, "temperature": 0}
+
+    def run(engine: Engine) -> list:
+        engine.flush_cache()
+        res = engine.generate(PROMPTS[0], params, return_logprob=True, top_logprobs_num=3)
+        return [res["output_ids"], res["meta_info"]["output_token_logprobs"], res["meta_info"]["output_top_logprobs"]]
+
+    with Engine(str(tiny_llama_dir), max_total_tokens=4096, weight_layout=layout, num_threads=2) as engine:
+        model = engine.runner.model
+        stack = model.decode_stack
+        assert stack is not None and stack.num_layers() == len(model.layers)
+        stacked = run(engine)
+        model.decode_stack = None
+        assert run(engine) == stacked
+        engine.check_integrity()

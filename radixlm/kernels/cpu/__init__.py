@@ -14,6 +14,8 @@ weight_layout.py take the GEMVs).
   csrc/activation.cpp    silu_mul (silu(gate) * up of the fused gate/up output)
   csrc/decode_layer.cpp  decode_layer (a one-token decode step of a Llama-family layer, the ops above and its
                          four matmuls chained in C++)
+  csrc/decode_stack.cpp  DecodeStack (torch.classes.<namespace>): every layer's decode_layer and the final norm
+                         of a one-token step in one call, the weights and K/V buffers held from load
   csrc/gemv.cpp          pack_rows (a weight into the tiled layout), int8_linear and f32_linear: few-row linear
                          layers on tiled int8 (per-channel scales) or fp32 weights, fp32 activations
   csrc/ops.h             the ops one op file calls from another; csrc/fast_exp.h: a vectorisable expf

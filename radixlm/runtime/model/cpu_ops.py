@@ -11,7 +11,8 @@ The modules hold the ops namespace as an attribute (`native`) rather than lookin
   Attention (decode steps: rotary + K/V store; not with Qwen3's q/k norms, which come before the rotary)
   DecoderLayer (silu(gate) * up; and a one-token decode step as one op, decode_layer, with fp32 weights in
                any layout of weight_layout.py, and int8 weights through their tiled copy; not int4)
-and TorchAttentionBackend(ops) runs decode rows with the paged decode attention.
+and TorchAttentionBackend(ops) runs decode rows with the paged decode attention. Once the KV pool exists,
+decode_stack() gives the model every layer of a one-token step as one call (csrc/decode_stack.cpp).
 """
 
 from __future__ import annotations
@@ -74,6 +75,23 @@ def one_row_weights(layer: nn.Module) -> OneRowWeights | None:
         out.append(entry)
     weights, scales, tiled = zip(*out)
     return OneRowWeights(weights, scales, tiled)
+
+
+def decode_stack(model: nn.Module, ops, kv_pool):
+    """A DecodeStack (csrc/decode_stack.cpp) holding every layer's one-row weights and K/V buffers, or None
+    when a layer steps module by module (decode_weights None: Qwen3's q/k norms, int4). With it, a one-token
+    decode step of the whole model is one call: the ~1 ms a token of Python between 30 layers' decode_layer
+    calls goes (docs/benchmarks.md, session 27)."""
+    if not model.layers or any(layer.decode_weights is None for layer in model.layers):
+        return None
+    d = model.dims
+    stack = getattr(torch.classes, ops.name).DecodeStack(d.rms_eps, d.num_heads, d.num_kv_heads, model.norm.weight)
+    for i, layer in enumerate(model.layers):
+        attn, w = layer.self_attn, layer.decode_weights
+        qkv, o, gate_up, down = w.weights
+        stack.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qkv, attn.qkv_bias, o,
+                        gate_up, down, kv_pool.k_buffer[i], kv_pool.v_buffer[i], *w.scales, list(w.tiled))
+    return stack
 
 
 def _one_row(w, linear) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:

@@ -160,6 +160,9 @@ class CausalLM(nn.Module):
         self.linear = F.linear  # see Attention.linear
         self.lm_head_matmul: torch.Tensor | None = None
         self.lm_head_single_row: torch.Tensor | None = None
+        # Compiled CPU ops: every layer of a one-token decode step and the final norm as one call
+        # (cpu_ops.decode_stack, set by the model runner once the KV pool exists); None: layer by layer.
+        self.decode_stack = None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
@@ -170,6 +173,10 @@ class CausalLM(nn.Module):
         else:
             x = self.tp.embed(input_ids, self.embed_tokens)
         rope = self.rotary.lookup(positions, x.dtype)
+        if self.decode_stack is not None and meta.is_decode and x.shape[0] == 1 and logits_indices.numel() == 1:
+            h = self.decode_stack.forward(x, *rope, meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices,
+                                          meta.seq_lens, meta.sm_scale)
+            return self._logits(h)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, rope, backend, kv_pool, meta)
@@ -180,6 +187,10 @@ class CausalLM(nn.Module):
         else:
             h = x if residual is None else x + residual
             h = self.norm(h.index_select(0, logits_indices))
+        return self._logits(h)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [N, hidden] (after the final norm) -> logits [N, V] (fp32)."""
         head = self.lm_head_matmul
         if h.shape[0] == 1 and self.lm_head_single_row is not None:
             head = self.lm_head_single_row

@@ -14,7 +14,7 @@ import torch
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.forward import ForwardBatch, to_device
-from radixlm.runtime.model.cpu_ops import apply_cpu_ops, load_cpu_ops
+from radixlm.runtime.model.cpu_ops import apply_cpu_ops, decode_stack, load_cpu_ops
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.kv_pool import KVPool
 from radixlm.runtime.model.layout_probe import probe_layout
@@ -169,6 +169,8 @@ class ModelRunner:
         d = self.dims
         self.kv_pool = KVPool(self.max_total_tokens, d.num_layers, d.num_kv_heads, d.head_dim,
                               self.dtype, self.device)
+        if self.cpu_ops is not None:
+            model.decode_stack = decode_stack(model, self.cpu_ops, self.kv_pool)
         self.backend = self._attention_backend(model_config.attention_backend)
         self.sm_scale = d.head_dim ** -0.5
         self.graphs: DecodeGraphRunner | None = None  # set by capture_decode_graphs (CUDA only)

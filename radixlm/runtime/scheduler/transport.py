@@ -101,14 +101,19 @@ class QueueTransport:
     def __init__(self) -> None:
         self._commands: queue.Queue = queue.Queue()
         self._inboxes: dict[str, queue.Queue] = {}  # rid -> the submitting caller's queue (loop thread only)
+        # rid -> its TokenOuts so far, for callers that take them at the finish (loop thread only)
+        self._held: dict[str, list[TokenOut]] = {}
 
     # ---- user threads ---------------------------------------------------------------------------------
-    def submit(self, msg: GenerateReq, inbox: queue.Queue) -> None:
-        """Each child rid's TokenOuts go to inbox, the last one with finish set."""
-        self._commands.put((msg, inbox))
+    def submit(self, msg: GenerateReq, inbox: queue.Queue, at_finish: bool = False) -> None:
+        """Each child rid's TokenOuts go to inbox, the last one with finish set. at_finish: all of a rid's
+        TokenOuts arrive together when it finishes (or fails), for a caller that does not stream. Why: each
+        put wakes the caller's thread, and the two threads then hand the GIL back and forth once per token;
+        on a 2-core VM that cost the loop ~0.1 ms a token, at batch 1 (docs/benchmarks.md, session 27)."""
+        self._commands.put((msg, inbox, at_finish))
 
     def put(self, msg: InboundMsg | LocalCall) -> None:
-        self._commands.put((msg, None))
+        self._commands.put((msg, None, False))
 
     # ---- the loop thread --------------------------------------------------------------------------------
     def receive(self, timeout_s: float | None) -> list[InboundMsg | LocalCall]:
@@ -116,9 +121,11 @@ class QueueTransport:
         try:
             item = self._commands.get_nowait() if timeout_s == 0 else self._commands.get(timeout=timeout_s)
             while True:
-                msg, inbox = item
+                msg, inbox, at_finish = item
                 if inbox is not None:
                     self._inboxes.update((rid, inbox) for rid in msg.child_rids)
+                    if at_finish:
+                        self._held.update((rid, []) for rid in msg.child_rids)
                 out.append(msg)
                 item = self._commands.get_nowait()
         except queue.Empty:
@@ -132,6 +139,12 @@ class QueueTransport:
             inbox = self._inboxes.get(out.rid)
             if inbox is None:
                 continue
+            held = self._held.get(out.rid)
+            if held is not None and out.finish is None and out.error is None:
+                held.append(out)
+                continue
+            for earlier in self._held.pop(out.rid, ()):
+                inbox.put(earlier)
             inbox.put(out)
             if out.finish is not None:
                 del self._inboxes[out.rid]

@@ -45,6 +45,10 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const c10::optional
 // x [T, hidden]: this layer's input (for the first layer, the embedding: then residual is x itself and
 // first is true); residual [T, hidden] is updated in place (residual + attention, then + nothing more:
 // the MLP output is returned for the next layer to add, as DecoderLayer.forward does).
+}  // namespace
+
+namespace rlm {
+
 at::Tensor decode_layer(const at::Tensor& x, at::Tensor& residual, const at::Tensor& in_norm,
                         const at::Tensor& post_norm, double eps, const at::Tensor& qkv_w,
                         const c10::optional<at::Tensor>& qkv_b, const at::Tensor& o_w, const at::Tensor& gate_up_w,
@@ -64,7 +68,7 @@ at::Tensor decode_layer(const at::Tensor& x, at::Tensor& residual, const at::Ten
   return project(act, down_w, down_s, tiled[3], c10::nullopt);
 }
 
-}  // namespace
+}  // namespace rlm
 
 RADIXLM_OPS(m) {
   m.def("decode_layer(Tensor x, Tensor(a!) residual, Tensor in_norm, Tensor post_norm, float eps, Tensor qkv_w, "
@@ -72,5 +76,5 @@ RADIXLM_OPS(m) {
         "Tensor(b!) k_buf, Tensor(c!) v_buf, Tensor loc, Tensor req_to_token, Tensor req_rows, Tensor seq_lens, "
         "int num_q_heads, int num_kv_heads, float scale, bool first, Tensor? qkv_s, Tensor? o_s, Tensor? gate_up_s, "
         "Tensor? down_s, int[] tiled) -> Tensor",
-        decode_layer);
+        rlm::decode_layer);
 }
