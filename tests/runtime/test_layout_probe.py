@@ -1,5 +1,6 @@
-"""`weight_layout="auto"` measures the layouts on this machine (runtime/model/layout_probe.py) for models big
-enough to matter, and the model runner takes the measured layout and small-step thread count."""
+"""`weight_layout="auto"` takes packed_tiles where the compiled ops and oneDNN are there, and otherwise
+measures the layouts on this machine (runtime/model/layout_probe.py) for models big enough to matter; the
+model runner takes the layout and small-step thread count."""
 
 from __future__ import annotations
 
@@ -7,9 +8,32 @@ import pytest
 import torch
 
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.model import model_runner
+from radixlm.runtime.model import layout_probe, model_runner
 from radixlm.runtime.model.layout_probe import probe_layout
-from radixlm.runtime.model.weight_layout import packed_available
+from radixlm.runtime.model.weight_layout import packed_available, tile_ops
+
+
+@pytest.fixture
+def without_tiles(monkeypatch):
+    """The probe as it runs where the compiled ops do not build (it measures)."""
+    monkeypatch.setattr(layout_probe, "tile_ops", lambda: None)
+    probe_layout.cache_clear()
+    yield
+    probe_layout.cache_clear()
+
+
+@pytest.mark.skipif(not packed_available() or tile_ops() is None, reason="needs oneDNN and the compiled ops")
+def test_with_the_compiled_ops_auto_takes_packed_tiles_unmeasured(monkeypatch):
+    def no_timing(*args):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(layout_probe, "_candidates", no_timing)
+    probe_layout.cache_clear()
+    try:
+        assert probe_layout(512, 1536, 8, 2) == ("packed_tiles", 2)
+        assert probe_layout(512, 1536, 8, 1) == ("packed_tiles", 1)
+    finally:
+        probe_layout.cache_clear()
 
 
 def test_no_probe_for_a_tiny_model():
@@ -17,19 +41,18 @@ def test_no_probe_for_a_tiny_model():
     assert probe_layout(64, 128, 2, 1) is None
 
 
-def test_one_thread_probes_only_with_onednn():
+def test_one_thread_probes_only_with_onednn(without_tiles):
     picked = probe_layout(512, 1536, 8, 1)
     if packed_available():
-        assert picked in {("column", 1), ("packed", 1), ("packed_blocks", 1), ("packed_tiles", 1)}
+        assert picked in {("column", 1), ("packed", 1), ("packed_blocks", 1)}
     else:
         assert picked is None  # one thread without oneDNN: the static rule (column)
 
 
-def test_probe_picks_a_measured_candidate_and_restores_threads():
+def test_probe_picks_a_measured_candidate_and_restores_threads(without_tiles):
     before = torch.get_num_threads()
     picked = probe_layout(512, 1536, 8, 2)  # ~90 MB of fp32 weights
-    assert picked in {("blocks", 2), ("column", 2), ("column", 1), ("packed", 2), ("packed", 1), ("packed_blocks", 2),
-                      ("packed_tiles", 2)}
+    assert picked in {("blocks", 2), ("column", 2), ("column", 1), ("packed", 2), ("packed", 1), ("packed_blocks", 2)}
     assert torch.get_num_threads() == before
     assert probe_layout(512, 1536, 8, 2) == picked  # once per process
 

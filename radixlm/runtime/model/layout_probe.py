@@ -14,8 +14,14 @@ wins one row narrowly but doubles the few-row time (column on the AMD EPYC of se
 at one row, 13-25 vs 7-11 ms at 2-16 rows for packed) loses. The "packed" layout (oneDNN) is a candidate
 where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs), and so is
 "packed_blocks" (the blocks' one-row pass with packed's few-row pass, where its second copy of the weights
-fits: weight_layout.rows_copy_fits; on that EPYC, 1 thread, 12 layers: M=1 blocks 5.6 / packed 7.8 ms), and
-"packed_tiles" (the same with radixlm's compiled fp32 GEMV for the one-row pass, where the ops build).
+fits: weight_layout.rows_copy_fits; on that EPYC, 1 thread, 12 layers: M=1 blocks 5.6 / packed 7.8 ms).
+
+Where radixlm's compiled ops build and oneDNN is there, nothing is measured: packed_tiles is taken (its
+few-row pass is packed's, its one-row pass the compiled fp32 GEMV, which streams the weights at the memory's
+rate on any AVX2 or AVX-512 CPU). Why not let the probe pick it: a probe is a few milliseconds of timing,
+and on a shared machine (CI, a laptop doing other work) whatever else runs decides it. Session 27, 2 cores
+under load ~2: `auto` picked `packed` with 1 small-step thread in one process of three, which then decoded
+at 42 tok/s against 69-93 for packed_tiles (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ def probe_layout(hidden: int, intermediate: int, num_layers: int, threads: int) 
     per_layer = (2 * hidden * hidden + 3 * hidden * intermediate) * 4  # ~qkv + o, gate/up, down (fp32)
     if per_layer * num_layers < MIN_MODEL_BYTES or (threads < 2 and not packed_available()):
         return None
+    if packed_available() and tile_ops() is not None and rows_copy_fits(per_layer * num_layers):
+        return "packed_tiles", threads  # see the module docstring: not measured
     layers = max(1, min(num_layers, PROBE_BYTES // per_layer))
     rows = [torch.full((out, inp), 0.01) for _ in range(layers)  # values do not change the time
             for out, inp in ((hidden, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate))]
