@@ -73,7 +73,7 @@ def row_names(s: dict) -> list[str]:
 
 # ---- the radixlm and HF workers (run under this venv's python) --------------------------------------
 
-def radixlm_runs(mode: str, model_dir: str, threads: int, w: dict) -> list:
+def radixlm_runs(mode: str, model_dir: str, threads: int, w: dict) -> tuple[list, str]:
     from radixlm.runtime.engine import Engine
 
     s = w["sizes"]
@@ -102,7 +102,7 @@ def radixlm_runs(mode: str, model_dir: str, threads: int, w: dict) -> list:
         engine.generate(input_ids=w["long"], sampling_params={"max_new_tokens": 0})
         return len(w["long"]) / (time.perf_counter() - t)
 
-    return [decode, batch, prefill]
+    return [decode, batch, prefill], engine.runner.layout
 
 
 def hf_runs(model_dir: str, threads: int, w: dict) -> list:
@@ -233,8 +233,8 @@ def serve(side: str, args: argparse.Namespace) -> None:
         import radixlm
         import torch
 
-        runs, version = radixlm_runs(variant, args.model_path, args.threads, w), \
-            f"radixlm {radixlm.__version__}, torch {torch.__version__}"
+        runs, layout = radixlm_runs(variant, args.model_path, args.threads, w)
+        version = f"radixlm {radixlm.__version__}, torch {torch.__version__}, weight layout {layout}"
     elif kind == "hf":
         import torch
         import transformers
@@ -352,8 +352,10 @@ def main() -> None:
     got = {wk.name: [[] for _ in names] for wk in workers}
     chosen = [int(i) for i in args.only.split(",")]
     for index in chosen:
-        for _ in range(args.rounds):
-            for wk in workers:
+        for r in range(args.rounds):
+            # Every other round in reverse: a side that runs right after another one's threads stop spinning
+            # measured ~13% slower (docs/benchmarks.md, session 26), so no side always comes first.
+            for wk in (workers if r % 2 == 0 else workers[::-1]):
                 got[wk.name][index].append(wk.run(index))
         print(f"# {names[index]}: " + ", ".join(f"{n} {statistics.median(v[index]):.1f}" for n, v in got.items())
               + f" | load {load()}", flush=True)  # progress (the table comes at the end)

@@ -82,7 +82,9 @@ class OutputProcessor:
         new_tokens: dict[int, tuple[list[int], int]] = {}  # row -> (new ids, rollback)
         if plan.sample:
             reqs = [batch.rows[i].req for i, _ in plan.sample]
-            rows_logits = logits[[r for _, r in plan.sample]]
+            picked = [r for _, r in plan.sample]
+            # Every row, in order (a decode batch): the logits as they are, not a copy.
+            rows_logits = logits if picked == list(range(logits.shape[0])) else logits[picked]
             sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs], plan.masks)
             self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
             for (i, _), req, tok in zip(plan.sample, reqs, sampled.token_ids):
