@@ -22,9 +22,9 @@ def build_forward_batch(rows: list[PlannedRow[Req]], table: ReqToTokenTable, sm_
     for row in rows:
         starts.append(len(ids))
         if row.draft:
-            ids.extend(row.req.full_ids()[row.start :] + row.draft)
+            ids.extend(row.req.ids_between(row.start, row.req.seq_len()) + row.draft)
         else:
-            ids.extend(row.req.full_ids()[row.start : row.end])
+            ids.extend(row.req.ids_between(row.start, row.end))
         positions.extend(range(row.start, row.end))
         token_rows.extend([row.req.row] * row.num_new)
     seq_lens = [r.end for r in rows]

@@ -77,6 +77,16 @@ class Req:
         """The sequence whose K/V the request needs: prompt plus outputs so far."""
         return self.input_ids + self.output_ids
 
+    def ids_between(self, start: int, end: int) -> list[int]:
+        """full_ids()[start:end] without building the whole sequence (a decode step reads one token of it
+        per request; full_ids() copies every prompt and output token each time)."""
+        n = len(self.input_ids)
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        if end <= n:
+            return self.input_ids[start:end]
+        return self.input_ids[start:] + self.output_ids[: end - n]
+
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
 
