@@ -162,7 +162,9 @@ class CausalLM(nn.Module):
         self.lm_head_single_row: torch.Tensor | None = None
         # Compiled CPU ops: every layer of a one-token decode step and the final norm as one call
         # (cpu_ops.decode_stack, set by the model runner once the KV pool exists); None: layer by layer.
+        # It holds that pool's K/V buffers, so it serves only forwards over that pool.
         self.decode_stack = None
+        self.decode_stack_pool = None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
@@ -173,7 +175,8 @@ class CausalLM(nn.Module):
         else:
             x = self.tp.embed(input_ids, self.embed_tokens)
         rope = self.rotary.lookup(positions, x.dtype)
-        if self.decode_stack is not None and meta.is_decode and x.shape[0] == 1 and logits_indices.numel() == 1:
+        if (self.decode_stack is not None and kv_pool is self.decode_stack_pool and meta.is_decode
+                and x.shape[0] == 1 and logits_indices.numel() == 1):
             h = self.decode_stack.forward(x, *rope, meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices,
                                           meta.seq_lens, meta.sm_scale)
             return self._logits(h)

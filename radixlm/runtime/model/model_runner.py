@@ -170,7 +170,7 @@ class ModelRunner:
         self.kv_pool = KVPool(self.max_total_tokens, d.num_layers, d.num_kv_heads, d.head_dim,
                               self.dtype, self.device)
         if self.cpu_ops is not None:
-            model.decode_stack = decode_stack(model, self.cpu_ops, self.kv_pool)
+            model.decode_stack, model.decode_stack_pool = decode_stack(model, self.cpu_ops, self.kv_pool), self.kv_pool
         self.backend = self._attention_backend(model_config.attention_backend)
         self.sm_scale = d.head_dim ** -0.5
         self.graphs: DecodeGraphRunner | None = None  # set by capture_decode_graphs (CUDA only)
