@@ -16,6 +16,7 @@ from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.forward import ForwardBatch, to_device
 from radixlm.runtime.model.cpu_ops import apply_cpu_ops, decode_stack, load_cpu_ops
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
+from radixlm.runtime.model.contention import ContentionGuard
 from radixlm.runtime.model.kv_pool import KVPool
 from radixlm.runtime.model.layout_probe import probe_layout
 from radixlm.runtime.model.quant.setup import apply_plan, plan_weights
@@ -99,8 +100,13 @@ class StepThreads:
             raise ValueError("num_threads and small_step_threads must be >= 1")
         return cls(full, small)
 
-    def apply(self, num_tokens: int) -> None:
-        want = self.small if num_tokens < self.SMALL_STEP_TOKENS else self.full
+    @property
+    def current(self) -> int:
+        return self._current
+
+    def apply(self, num_tokens: int, override: int | None = None) -> None:
+        """override: the count a ContentionGuard chose for this step."""
+        want = override or (self.small if num_tokens < self.SMALL_STEP_TOKENS else self.full)
         if want != self._current:
             torch.set_num_threads(want)  # the thread running the model; torch's pool is process-wide
             self._current = want
@@ -171,6 +177,9 @@ class ModelRunner:
                               self.dtype, self.device)
         if self.cpu_ops is not None:
             model.decode_stack, model.decode_stack_pool = decode_stack(model, self.cpu_ops, self.kv_pool), self.kv_pool
+        # One-token steps through the stack leave the threads when another process holds a core (contention.py).
+        self.guard = (ContentionGuard(self.threads.small) if getattr(model, "decode_stack", None) is not None
+                      and self.threads is not None and self.threads.small > 1 else None)
         self.backend = self._attention_backend(model_config.attention_backend)
         self.sm_scale = d.head_dim ** -0.5
         self.graphs: DecodeGraphRunner | None = None  # set by capture_decode_graphs (CUDA only)
@@ -223,8 +232,14 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the model on the batch's tokens; return fp32 logits [N, V] at logits_indices."""
+        guarded = self.guard is not None and batch.num_tokens == 1 and batch.meta.is_decode
         if self.threads is not None:
-            self.threads.apply(batch.num_tokens)
+            self.threads.apply(batch.num_tokens, self.guard.threads() if guarded else None)
+        if guarded:
+            threads, t0 = self.threads.current, time.perf_counter()
+            logits = self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device))
+            self.guard.record(threads, time.perf_counter() - t0)
+            return logits
         if self.graphs is not None and self.graphs.can_run(batch.meta, batch.input_ids, logits_indices):
             return self.graphs.replay(batch.input_ids, batch.positions, batch.meta)
         if self.tp is not None:  # the worker ranks run the same step on their shards
