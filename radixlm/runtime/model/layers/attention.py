@@ -17,8 +17,8 @@ from radixlm.runtime.forward import AttentionMetadata
 from radixlm.runtime.model.layers.cascade import MIN_SHARED_TOKENS, cascade_decode, shared_prefix_len
 
 # The longest extend row the compiled ops serve token by token (tokenwise_plan): a speculative verify row is
-# 1 + k tokens (k <= 8 by default, 16 at most in practice); longer rows are prefill, where one SDPA call per
-# row is cheaper than reading the row's K/V once per token.
+# 1 + k tokens (k <= 8 by default). Longer rows are prefill chunks and keep one SDPA call per row (the
+# token-by-token path reads the row's K/V once per token; it was measured on verify rows only).
 MAX_TOKENWISE_EXTEND = 17
 
 
