@@ -22,6 +22,10 @@ the n-gram corpus) is flushed, the prompts are prefilled (max_new_tokens=1, so d
 then the batch is generated; the median over repeats is reported. Output ids of both sides are compared
 (greedy speculation is exact: they must be identical).
 
+--interleaved runs both sides in one process, toggling speculation between repeats; with --warmup each side
+first runs once untimed (a verify step's token count is a new GEMM shape the first time: oneDNN builds its
+kernel once per process, which the first spec-on run would otherwise pay for).
+
 --forward-costs times one forward of B rows x (1 + k) tokens (k = 0..8, B = 1, 16) against a 512-token
 context: what a verify row costs on this machine relative to a plain decode row.
 """
@@ -149,7 +153,8 @@ def interleaved(args) -> None:
     spec = {"speculative_algorithm": "NGRAM", "speculative_min_acceptance": args.min_acceptance,
             "speculative_ngram_min_match": args.ngram_min_match,
             **({"speculative_num_draft_tokens": args.k} if args.k else {})}
-    print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  k={args.k}  new={args.new}  pairs={args.repeats}")
+    print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  k={args.k}  new={args.new}  pairs={args.repeats}"
+          f"  warmup={args.warmup}")
     print(f"{'workload':10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} {'accept':>7s} {'tok/fwd':>8s} same")
     with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
         sched, ctl = eng.scheduler, eng.scheduler.spec
@@ -161,6 +166,15 @@ def interleaved(args) -> None:
                 prompts = _prompts(eng.tokenizer, name, batch)
                 params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
                 runs = {False: [], True: []}
+                # --warmup: one untimed run of each side first. A verify step's token count is a new GEMM
+                # shape the first time it occurs, and oneDNN builds (JITs) a kernel for each new shape once
+                # per process (16 rows + 21 draft tokens: 116 ms the first time, 79-83 ms after); without it
+                # the first pair's spec-on run pays for every shape its steps meet (json at batch 16: 3.6 s
+                # vs 2.6-2.7 s warm), which a serving process pays once.
+                for on in (True, False) if args.warmup else ():
+                    eng._loop.call(lambda: toggle(on))
+                    eng.flush_cache()
+                    eng.generate(prompts, params)
                 for i in range(args.repeats):
                     for on in ((False, True) if i % 2 == 0 else (True, False)):
                         eng._loop.call(lambda: toggle(on))
@@ -257,6 +271,8 @@ def main() -> None:
     ap.add_argument("--forward-costs", action="store_true")
     ap.add_argument("--interleaved", action="store_true",
                     help="one process toggling speculation between repeats (pairs = --repeats)")
+    ap.add_argument("--warmup", action="store_true",
+                    help="--interleaved: one untimed run of each side before the pairs (new GEMM shapes built once)")
     args = ap.parse_args()
     if args.forward_costs:
         return forward_costs(args)

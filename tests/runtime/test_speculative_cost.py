@@ -78,9 +78,23 @@ def test_a_lone_unlikely_draft_does_not_pay_for_a_large_step():
     other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(15)]  # nothing to propose
     lone = _req("r", REPEAT)
     full = [9, 8, 7, 6, 15, 14, 13, 12]
-    assert 0.5 * LARGE_BATCH_MAX_DRAFT < min_expected(16) < 0.8 * len(full)
+    assert 0.5 * LARGE_BATCH_MAX_DRAFT < min_expected(16)
     assert ctl.propose(other + [lone])[-1] == []  # a fresh request (chance 0.5) alone: 2 expected tokens
     for _ in range(3):
         ctl._state["r"].update(4, 4, 8, 0.25)  # accepted whole: a streak, and a chance past 0.8
-    assert ctl.propose(other + [lone])[-1] == full
-    assert ctl.propose([_req("s", REPEAT)]) == [full]  # a small step: no jump to pay for
+    assert ctl.propose(other + [lone])[-1] == full  # a request on a streak keeps its draft
+    assert ctl.propose([_req("s", REPEAT)]) == [full]  # a small step: no rule
+
+
+def test_a_large_step_that_does_not_pay_keeps_only_the_streaks_drafts():
+    ctl = _controller()
+    fresh = [_req(f"f{i}", REPEAT) for i in range(2)]  # chance 0.5 x 4 tokens each: too little for 16 rows
+    other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(13)]
+    copier = _req("c", REPEAT)
+    reqs = fresh + other + [copier]
+    assert 2 * 0.5 * LARGE_BATCH_MAX_DRAFT + 8 * 0.8 < min_expected(16)
+    assert all(d == [] for d in ctl.propose(reqs))
+    for _ in range(LARGE_BATCH_STREAK + 1):
+        ctl._state["c"].update(4, 4, 8, 0.25)
+    drafts = ctl.propose(reqs)
+    assert drafts[-1] == [9, 8, 7, 6, 15, 14, 13, 12] and all(d == [] for d in drafts[:-1])

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.forward import AttentionMetadata
-from radixlm.runtime.model.layers.attention import AttentionBackend, KVPoolLike
+from radixlm.runtime.model.layers.attention import AttentionBackend, KVPoolLike, tokenwise_plan
 from radixlm.runtime.model.layers.norm import RMSNorm
 from radixlm.runtime.model.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_one
 
@@ -64,18 +64,21 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
         self.tp = None  # parallel.TPContext when tensor-parallel (set by parallel.shard_model)
         self.linear = F.linear  # x @ W^T for this layout of the weights (weight_layout.py may swap it)
-        # Compiled CPU ops (cpu_ops.py) for decode steps: rotary + K/V store in one op, then the torch
-        # backend's decode attention on the stored K/V. None: torch ops.
+        # Compiled CPU ops (cpu_ops.py) for decode steps and short extends (speculative verify rows): rotary +
+        # K/V store in one op, then the torch backend's paged decode attention on the stored K/V. None: torch.
         self.native = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
         d = self.d
         qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
-        if self.native is not None and meta.is_decode:
+        if self.native is not None and (meta.is_decode or tokenwise_plan(meta) is not None):
             q = self.native.rope_store_kv(qkv, *rope, kv_pool.k_buffer[self.layer_id], kv_pool.v_buffer[self.layer_id],
                                           meta.out_cache_loc, d.num_heads, d.num_kv_heads)
-            o = backend.decode_stored(q, self.layer_id, kv_pool, meta)
+            if meta.is_decode:
+                o = backend.decode_stored(q, self.layer_id, kv_pool, meta)
+            else:  # a verify step: each of a row's tokens attends as a decode row (attention.tokenwise_plan)
+                o = backend.extend_stored(q, self.layer_id, kv_pool, meta)
             return self.linear(o.reshape(-1, self.q_size), self.o_weight)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         v = v.reshape(-1, d.num_kv_heads, d.head_dim)

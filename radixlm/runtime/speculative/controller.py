@@ -221,7 +221,8 @@ class SpecController:
                 draft = _grammar_prefix(req.grammar, draft)
             out.append(draft)
         if large and self.cost_aware and not self._step_pays(reqs, out):
-            out = [[] for _ in out]
+            # Only requests on a streak (copying: their last drafts were accepted whole) keep theirs.
+            out = [d if self._state[r.rid].streak >= LARGE_BATCH_STREAK else [] for r, d in zip(reqs, out)]
         if self.config.speculative_max_batch_draft_tokens is not None:
             out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
         for req, draft in zip(reqs, out):
@@ -231,8 +232,8 @@ class SpecController:
         return out
 
     def _step_pays(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
-        """Whether the drafts' expected accepted tokens pay for the jump a large step takes with its first
-        draft token (cost.VERIFY_STEP): a lone unlikely draft does not."""
+        """Whether the drafts' expected accepted tokens reach what a large step asks of them
+        (cost.min_expected): a few unlikely drafts among many decode rows do not."""
         expected = sum(self._state[r.rid].first_chance() * len(d) for r, d in zip(reqs, drafts) if d)
         return expected == 0 or expected >= min_expected(len(reqs))
 

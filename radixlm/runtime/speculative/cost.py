@@ -14,11 +14,16 @@ from __future__ import annotations
 STEP = 0.77  # the fixed part of a step (the weights read once)
 ROW = 0.23  # each decode row (its attention, activations, sampling)
 DRAFT_TOKEN = 0.096  # each draft token in a verify row (a row's compute, the weights already read)
-# At 8+ rows a step's first draft token costs a jump on top (the GEMM leaves its row block: a 16-row step
-# with drafts measured 1.33-1.41x one without, 1.5-1.8 1-row steps; docs/benchmarks.md, session 26), so a
-# step verifies drafts only when they are expected to return at least that much (controller._step_pays).
-# A lone request copying among 16 rows that do not therefore drafts only with a streak (8 tokens x 0.7+).
-VERIFY_STEP = 1.5
+# A step of 8+ rows verifies drafts only when they are expected to return at least VERIFY_STEP 1-row steps
+# (controller._step_pays; otherwise only requests on a streak of whole accepted drafts keep theirs): a few
+# requests' accepted tokens shorten only their own runs, and a batch runs as long as its slowest request.
+# It began as the jump a step's first draft token cost while verify steps ran the torch attention (16
+# rows: 1.33-1.41x a step without drafts, session 26, 1.5); with the compiled paged attention serving
+# verify rows that jump is gone (0.99-1.06x), and 3.5 is what the replayed bench kept: free text at batch
+# 8 / 12 / 16 drafts nothing (39 / 34 / 91 draft tokens at 1.75), json / code / chat unchanged from 0.5 to 6.
+# STEP / ROW / DRAFT_TOKEN predate the compiled ops; refitted to session 27's forwards (0.88 / 0.117 /
+# 0.092) the 16-row threshold rises to 0.53, which lost JSON at batch 16 in the replay (docs/benchmarks.md).
+VERIFY_STEP = 3.5
 
 
 def min_chance(rows: int) -> float:

@@ -16,6 +16,11 @@ import torch.nn.functional as F
 from radixlm.runtime.forward import AttentionMetadata
 from radixlm.runtime.model.layers.cascade import MIN_SHARED_TOKENS, cascade_decode, shared_prefix_len
 
+# The longest extend row the compiled ops serve token by token (tokenwise_plan): a speculative verify row is
+# 1 + k tokens (k <= 8 by default). Longer rows are prefill chunks and keep one SDPA call per row (the
+# token-by-token path reads the row's K/V once per token; it was measured on verify rows only).
+MAX_TOKENWISE_EXTEND = 17
+
 
 class KVPoolLike(Protocol):
     k_buffer: list[torch.Tensor]
@@ -71,6 +76,13 @@ class TorchAttentionBackend:
         if rows is None:
             rows = meta.plan_cache["decode_rows"] = torch.arange(len(meta.seq_lens_list))
         return self._decode(q, kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id], meta, rows)
+
+    def extend_stored(self, q: torch.Tensor, layer_id: int, kv_pool: KVPoolLike, meta: AttentionMetadata
+                      ) -> torch.Tensor:
+        """A short-extend batch (tokenwise_plan is not None) whose new K/V are already in the pool: each new
+        token attends as its own decode row, q [T, Hq, D] -> [T, Hq, D] (compiled ops only)."""
+        return self.ops.paged_decode_attention(q.contiguous(), kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id],
+                                               meta.req_to_token, *tokenwise_plan(meta), meta.sm_scale)
 
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                 meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
@@ -154,6 +166,23 @@ class TorchAttentionBackend:
             o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
                                                enable_gqa=kk.shape[1] != qq.shape[1])
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
+
+
+def tokenwise_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per new token of an extend batch whose rows all have a cached prefix and at most MAX_TOKENWISE_EXTEND
+    new tokens (speculative verify rows): its request row and its causal length (its position + 1), so
+    that, once every new token's K/V is stored, token j of a row is a decode row over req_to_token's first
+    prefix + j + 1 slots of its request: the same keys, values and causal mask as the extend attention, no
+    gather. None for decode batches (decode_stored) and for batches with prefill rows; once per forward."""
+    plan = meta.plan_cache.get("tokenwise", False)
+    if plan is False:
+        plan = None
+        if not meta.is_decode and max(meta.extend_lens_list) <= MAX_TOKENWISE_EXTEND and min(meta.prefix_lens_list) > 0:
+            lens = [p + j + 1 for p, n in zip(meta.prefix_lens_list, meta.extend_lens_list) for j in range(n)]
+            rows = meta.req_pool_indices.repeat_interleave(meta.extend_lens)
+            plan = (rows.contiguous(), torch.tensor(lens, dtype=torch.int64, device=rows.device))
+        meta.plan_cache["tokenwise"] = plan
+    return plan
 
 
 def _run_start(slots: torch.Tensor) -> int | None:
