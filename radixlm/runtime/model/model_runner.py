@@ -14,9 +14,9 @@ import torch
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.forward import ForwardBatch, to_device
+from radixlm.runtime.model.contention import ContentionGuard
 from radixlm.runtime.model.cpu_ops import apply_cpu_ops, decode_stack, load_cpu_ops
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
-from radixlm.runtime.model.contention import ContentionGuard
 from radixlm.runtime.model.kv_pool import KVPool
 from radixlm.runtime.model.layout_probe import probe_layout
 from radixlm.runtime.model.quant.setup import apply_plan, plan_weights
