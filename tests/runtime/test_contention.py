@@ -37,9 +37,9 @@ def test_contention_switches_to_one_thread_after_two_slow_steps_and_back_when_it
     # While contended: probes at all threads lose and come ever more rarely.
     used = _run(guard, 1000, {2: CONTENDED, 1: ONE})
     probes = [i for i, n in enumerate(used) if n == 2]
-    assert len(probes) == 5 and guard.single and guard.probe_every == 32 * 2 ** 5
+    assert len(probes) == 5 and guard.single and guard.probe_every == contention.PROBE_FIRST * 2 ** 5
     gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps == sorted(gaps) and gaps[0] == 65
+    assert gaps == sorted(gaps) and gaps[0] == 2 * contention.PROBE_FIRST + 1
     # The other process is gone: the next probe wins and all threads come back.
     used = _run(guard, guard.probe_every + 1, {2: QUIET, 1: ONE})
     assert used[-1] == 2 and not guard.single and guard.threads() == 2
