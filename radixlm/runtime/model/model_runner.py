@@ -235,16 +235,15 @@ class ModelRunner:
         guarded = self.guard is not None and batch.num_tokens == 1 and batch.meta.is_decode
         if self.threads is not None:
             self.threads.apply(batch.num_tokens, self.guard.threads() if guarded else None)
-        if guarded:
-            threads, t0 = self.threads.current, time.perf_counter()
-            logits = self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device))
-            self.guard.record(threads, time.perf_counter() - t0)
-            return logits
         if self.graphs is not None and self.graphs.can_run(batch.meta, batch.input_ids, logits_indices):
             return self.graphs.replay(batch.input_ids, batch.positions, batch.meta)
         if self.tp is not None:  # the worker ranks run the same step on their shards
             self.tp.send_step(batch, logits_indices)
-        return self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device))
+        t0 = time.perf_counter()
+        logits = self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device))
+        if guarded:
+            self.guard.record(self.threads.current, time.perf_counter() - t0)
+        return logits
 
     def close(self) -> None:
         """Stop the tensor-parallel worker ranks (nothing to do with tp_size == 1)."""
