@@ -130,6 +130,31 @@ def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():
     assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == ([3, 1, 2], 2, 2)
 
 
+@pytest.mark.parametrize("own_min_n, min_n", [(1, 3), (3, 3), (3, 5)])
+def test_the_shortest_suffix_probe_changes_no_proposal(monkeypatch, own_min_n, min_n):
+    """propose_ngram first probes each source for the shortest wanted suffix and stops where none has it;
+    over random text from a small vocabulary (many matches of every length), its proposals equal the
+    longest-first search without that probe."""
+    import radixlm.runtime.speculative.ngram as ngram
+
+    g = torch.Generator().manual_seed(1)
+    rand = lambda n: [int(t) for t in torch.randint(0, 5, (n,), generator=g)]  # noqa: E731
+    corpus, live = NgramCorpus(3, 6, k=4), LiveNgrams()
+    corpus.add("a", rand(60))
+    other = NgramIndex(own_min_n, 6, live.table("a"), 3)
+    other.observe(rand(60))
+    own, seq = NgramIndex(own_min_n, 6, live.table("a"), 3), []
+    probed, searched = [], []
+    for tok in rand(200):
+        seq.append(tok)
+        probed.append(propose_ngram(seq, own, corpus, "a", 4, live, min_n))
+        with monkeypatch.context() as m:
+            m.setattr(ngram, "_occurs", lambda *a: True)
+            searched.append(propose_ngram(seq, own, corpus, "a", 4, live, min_n))
+    assert probed == searched
+    assert sum(bool(p.tokens) for p in probed) >= 10 and sum(not p.tokens for p in probed) >= 10
+
+
 def test_adaptive_turns_down_then_off_then_back():
     state = AdaptiveState(k=4)
     steps = 0

@@ -57,20 +57,25 @@ class NgramIndex:
         self.shared = shared  # LiveNgrams' namespace table: n-gram -> (owner index, end)
 
     def _update(self, seq: list[int]) -> None:
-        # The n-gram ending at the last position is the suffix being looked up: index up to len - 1.
+        # The n-gram ending at the last position is the suffix being looked up: index up to len - 1. Each
+        # position's n-grams are slices of one tuple of its longest: this runs for every running request
+        # every step, and building each n-gram from the list was most of the controller's time.
         self.tokens = seq
-        shared = self.shared
-        for end in range(max(self._indexed, self.min_n), len(seq)):
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                key = tuple(seq[end - n : end])
-                ends = self._ends[n].get(key)
+        shared, tables, lo, hi, shared_lo = self.shared, self._ends, self.min_n, self.max_n, self.shared_min_n
+        for end in range(max(self._indexed, lo), len(seq)):
+            top = min(hi, end)
+            window = tuple(seq[end - top : end])
+            for n in range(lo, top + 1):
+                key = window[top - n :]
+                table = tables[n]
+                ends = table.get(key)
                 if ends is None:
-                    self._ends[n][key] = end  # most n-grams occur once: an int, a list from the second
-                elif isinstance(ends, int):
-                    self._ends[n][key] = [ends, end]
+                    table[key] = end  # most n-grams occur once: an int, a list from the second
+                elif ends.__class__ is int:
+                    table[key] = [ends, end]
                 else:
                     ends.append(end)
-                if shared is not None and n >= self.shared_min_n:
+                if shared is not None and n >= shared_lo:
                     shared[key] = (self, end)
         self._indexed = max(self._indexed, len(seq))
 
@@ -122,6 +127,11 @@ class LiveNgrams:
         owner, end = found
         return owner.tokens[end : end + k]
 
+    def has(self, namespace: str, key: tuple[int, ...]) -> bool:
+        """Whether any running request of the namespace wrote this n-gram (the asker included)."""
+        table = self._maps.get(namespace)
+        return table is not None and key in table
+
     def remove(self, namespace: str, index: NgramIndex) -> None:
         table = self._maps.get(namespace)
         if table is None:
@@ -149,10 +159,13 @@ class NgramCorpus:
 
     def add(self, namespace: str, seq: list[int]) -> None:
         table = self._maps.setdefault(namespace, OrderedDict())
-        for end in range(self.min_n, len(seq)):
-            cont = tuple(seq[end : end + self.k])
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                key = tuple(seq[end - n : end])
+        lo, hi, k = self.min_n, self.max_n, self.k
+        for end in range(lo, len(seq)):
+            cont = tuple(seq[end : end + k])
+            top = min(hi, end)
+            window = tuple(seq[end - top : end])  # each n-gram a slice of it (NgramIndex._update)
+            for n in range(lo, top + 1):
+                key = window[top - n :]
                 if key in table:
                     table.move_to_end(key)
                 else:
@@ -162,6 +175,10 @@ class NgramCorpus:
             largest = max(self._maps.values(), key=len)
             largest.popitem(last=False)
             self._size -= 1
+
+    def has(self, namespace: str, key: tuple[int, ...]) -> bool:
+        table = self._maps.get(namespace)
+        return table is not None and key in table
 
     def lookup(self, namespace: str, seq: list[int], n: int) -> tuple[int, ...] | None:
         table = self._maps.get(namespace)
@@ -180,7 +197,10 @@ def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, n
     """Up to k tokens continuing seq: the longest suffix match of at least min_n tokens (default
     own.min_n); at equal length own tokens first (the occurrence after a cursor first), then other
     running requests', then the corpus (those two only for n >= own.shared_min_n); empty without a match."""
-    for n in range(own.max_n, max(own.min_n, min_n or 0) - 1, -1):
+    lo = max(own.min_n, min_n or 0)
+    if lo < own.max_n and not _occurs(seq, lo, own, corpus, namespace, live):
+        return Proposal([], 0)
+    for n in range(own.max_n, lo - 1, -1):
         end = own.lookup(seq, n, cursors)
         if end is not None:
             cont = seq[end : end + k]
@@ -197,3 +217,22 @@ def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, n
             if found:
                 return Proposal(list(found[:k]), n)
     return Proposal([], 0)
+
+
+def _occurs(seq: list[int], lo: int, own: NgramIndex, corpus: NgramCorpus | None, namespace: str,
+            live: LiveNgrams | None) -> bool:
+    """Whether seq's shortest wanted suffix is in any source. Every table holds each entry's shorter
+    n-grams too (down to its own least n), so without it no longer match exists either, and free text (no
+    match at all, most steps) costs one probe per source instead of one per length."""
+    if lo > len(seq):
+        return False
+    own._update(seq)
+    if tuple(seq[-lo:]) in own._ends[lo]:
+        return True
+    n = max(lo, own.shared_min_n)
+    if live is not None and n <= len(seq) and live.has(namespace, tuple(seq[-n:])):
+        return True
+    if corpus is None:
+        return False
+    n = max(n, corpus.min_n)
+    return n <= len(seq) and corpus.has(namespace, tuple(seq[-n:]))
