@@ -55,3 +55,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [T, 2I] (gate columns first)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def argmax_linear(logits: torch.Tensor) -> torch.Tensor:
+    """What argmax_linear returns for one row of full logits (f32_linear's): each logit that could be the
+    row's argmax kept, the rest -inf. The op keeps every logit within its error bound of the largest; this
+    reference keeps only the largest and its ties, the set every correct answer contains."""
+    return torch.where(logits == logits.max(), logits, torch.full_like(logits, float("-inf")))

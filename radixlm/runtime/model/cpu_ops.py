@@ -12,7 +12,9 @@ The modules hold the ops namespace as an attribute (`native`) rather than lookin
   DecoderLayer (silu(gate) * up; and a one-token decode step as one op, decode_layer, with fp32 weights in
                any layout of weight_layout.py, and int8 weights through their tiled copy; not int4)
 and TorchAttentionBackend(ops) runs decode rows with the paged decode attention. Once the KV pool exists,
-decode_stack() gives the model every layer of a one-token step as one call (csrc/decode_stack.cpp).
+decode_stack() gives the model every layer of a one-token step as one call (csrc/decode_stack.cpp). With the
+packed_tiles layout the model also gets an ArgmaxHead: the LM head of a one-row step that only wants the
+argmax, read as bf16 with f32_linear's exact result (csrc/argmax_head.cpp).
 """
 
 from __future__ import annotations
@@ -46,6 +48,32 @@ def apply_cpu_ops(model: nn.Module, ops) -> None:
             layer.decode_weights = one_row_weights(layer)
         layer.native = ops
     model.norm.native = ops
+    model.lm_head_argmax = argmax_head(model, ops)
+
+
+@dataclass(frozen=True, eq=False)
+class ArgmaxHead:
+    """The LM head for one row whose token is the argmax of its raw logits: the candidates' exact fp32
+    logits (f32_linear's bits), -inf elsewhere, from a bf16 read of the weights (csrc/argmax_head.cpp)."""
+
+    tiles: Tiles
+    screen: torch.Tensor  # bf16, the tiles' layout
+    coef: torch.Tensor  # fp32 [out]: each row's error bound per unit of ||x||
+    op: object
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.op(h, self.tiles.data, self.screen, self.coef, self.tiles.out_features)
+
+
+def argmax_head(model: nn.Module, ops) -> ArgmaxHead | None:
+    """An ArgmaxHead where the LM head's one-row form is f32_linear's tiled copy (packed_tiles, fp32); it
+    keeps a bf16 copy of the head (half its bytes) beside it. None otherwise."""
+    head = model.lm_head_matmul
+    tiles = head.rows if isinstance(head, PackedRows) else None
+    if not isinstance(tiles, Tiles) or tiles.linear is not ops.f32_linear:
+        return None
+    screen, coef = ops.argmax_screen(tiles.data, tiles.out_features)
+    return ArgmaxHead(tiles, screen, coef, ops.argmax_linear)
 
 
 @dataclass(frozen=True)

@@ -168,11 +168,17 @@ class CausalLM(nn.Module):
         # It holds that pool's K/V buffers, so it serves only forwards over that pool.
         self.decode_stack = None
         self.decode_stack_pool = None
+        # Compiled CPU ops: the LM head of a one-row step that wants only the argmax (cpu_ops.ArgmaxHead);
+        # None: every logit is computed.
+        self.lm_head_argmax = None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
-                kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
-        """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices."""
+                kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor,
+                argmax_only: bool = False) -> torch.Tensor:
+        """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices.
+        argmax_only: the caller reads only each row's argmax (first maximum); logits that cannot be it may
+        then be -inf (ArgmaxHead), while the argmax's own value and every tie with it stay exact."""
         if self.tp is None:
             x = F.embedding(input_ids, self.embed_tokens)
         else:
@@ -182,7 +188,7 @@ class CausalLM(nn.Module):
                 and x.shape[0] == 1 and logits_indices.numel() == 1):
             h = self.decode_stack.forward(x, *rope, meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices,
                                           meta.seq_lens, meta.sm_scale)
-            return self._logits(h)
+            return self._logits(h, argmax_only)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, rope, backend, kv_pool, meta)
@@ -193,10 +199,12 @@ class CausalLM(nn.Module):
         else:
             h = x if residual is None else x + residual
             h = self.norm(h.index_select(0, logits_indices))
-        return self._logits(h)
+        return self._logits(h, argmax_only)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """h [N, hidden] (after the final norm) -> logits [N, V] (fp32)."""
+        if argmax_only and h.shape[0] == 1 and self.lm_head_argmax is not None:
+            return self.lm_head_argmax(h)
         head = self.lm_head_matmul
         if h.shape[0] == 1 and self.lm_head_single_row is not None:
             head = self.lm_head_single_row

@@ -226,12 +226,13 @@ class ModelRunner:
                                         graph_cls)
         logger.info("decode graphs captured in %.2fs", time.perf_counter() - t0)
 
-    def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, logits_indices: torch.Tensor
-                   ) -> torch.Tensor:
-        return self.model(input_ids, positions, self.backend, self.kv_pool, meta, logits_indices)
+    def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, logits_indices: torch.Tensor,
+                   argmax_only: bool = False) -> torch.Tensor:
+        return self.model(input_ids, positions, self.backend, self.kv_pool, meta, logits_indices, argmax_only)
 
-    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor) -> torch.Tensor:
-        """Run the model on the batch's tokens; return fp32 logits [N, V] at logits_indices."""
+    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        """Run the model on the batch's tokens; return fp32 logits [N, V] at logits_indices (argmax_only:
+        only each row's argmax is read, see CausalLM.forward)."""
         guarded = self.guard is not None and batch.num_tokens == 1 and batch.meta.is_decode
         if self.threads is not None:
             self.threads.apply(batch.num_tokens, self.guard.threads() if guarded else None)
@@ -240,7 +241,8 @@ class ModelRunner:
         if self.tp is not None:  # the worker ranks run the same step on their shards
             self.tp.send_step(batch, logits_indices)
         t0 = time.perf_counter()
-        logits = self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device))
+        logits = self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device),
+                                 argmax_only)
         if guarded:
             self.guard.record(self.threads.current, time.perf_counter() - t0)
         return logits

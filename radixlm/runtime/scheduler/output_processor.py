@@ -36,6 +36,9 @@ class LogitsPlan:
     masks: GrammarMask | None = None
     # Speculative verify rows: (row index, first logits row); logits at each of the row's 1 + k positions.
     verify: list[tuple[int, int]] = field(default_factory=list)
+    # Every logits row is a sample row whose token is the plain argmax of its raw logits (greedy, no
+    # processor, no logprobs): the model may then leave out logits that cannot be the argmax.
+    argmax_only: bool = False
 
 
 class OutputProcessor:
@@ -70,6 +73,8 @@ class OutputProcessor:
                 plan.sample.append((i, len(indices)))
                 indices.append(batch.token_index(i, row.end - 1))
         plan.indices = torch.tensor(indices, dtype=torch.int64)
+        plan.argmax_only = (bool(plan.sample) and not plan.prompt and not plan.verify
+                            and all(_argmax_only(batch.rows[i].req) for i, _ in plan.sample))
         if plan.sample:
             plan.masks = self.grammar.masks([batch.rows[i].req for i, _ in plan.sample], self.sampler.vocab_size,
                                             batch.input_ids.device)
@@ -283,6 +288,11 @@ def _greedy_unprocessed(req: Req) -> bool:
     return (p.is_greedy and req.grammar is None and not p.logit_bias and p.frequency_penalty == 0.0
             and p.presence_penalty == 0.0 and p.repetition_penalty == 1.0
             and len(req.output_ids) >= p.min_new_tokens)
+
+
+def _argmax_only(req: Req) -> bool:
+    """The request's next token is the argmax of the raw logits and nothing else reads them."""
+    return _greedy_unprocessed(req) and not req.logprob.return_logprob
 
 
 def _first_input_entry(req: Req) -> None:

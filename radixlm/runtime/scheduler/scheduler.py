@@ -112,7 +112,7 @@ class Scheduler:
             return outputs + self._drain_stuck()
         batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
         plan = self.out.plan_logits(batch)
-        logits = self.runner.forward(batch, plan.indices)
+        logits = self.runner.forward(batch, plan.indices, plan.argmax_only)
         self.num_forward_steps += 1
         self.num_computed_tokens += batch.num_tokens
         step_outputs, finished = self.out.process(batch, plan, logits)
