@@ -19,6 +19,7 @@ argmax, read as bf16 with f32_linear's exact result (csrc/argmax_head.cpp).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +60,7 @@ class ArgmaxHead:
     tiles: Tiles
     screen: torch.Tensor  # bf16, the tiles' layout
     coef: torch.Tensor  # fp32 [out]: each row's error bound per unit of ||x||
-    op: object
+    op: Callable[..., torch.Tensor]  # the build's argmax_linear (x [1, in], data, screen, coef, out)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         return self.op(h, self.tiles.data, self.screen, self.coef, self.tiles.out_features)
