@@ -13,7 +13,7 @@ Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 differe
   (c) chat:  a multi-turn chat whose last question asks to repeat an earlier answer with a change,
   (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
 Each side (speculation on, off) runs in its own worker process, loaded once; with --rounds N the pair of
-workers runs N times, alternating, and the median of the per-round ratios is reported with their range
+workers runs N times, the side that starts alternating, and the median of the per-round ratios is reported with their range
 (on a shared machine load drifts between the two sides of one round). The "cpu ratio" compares tokens
 per second of the worker process's CPU time (all its threads): with --threads 1 on an idle machine it
 equals the wall-clock ratio, and on a loaded one it leaves out the time other processes held the core
@@ -22,9 +22,10 @@ the n-gram corpus) is flushed, the prompts are prefilled (max_new_tokens=1, so d
 then the batch is generated; the median over repeats is reported. Output ids of both sides are compared
 (greedy speculation is exact: they must be identical).
 
---interleaved runs both sides in one process, toggling speculation between repeats; with --warmup each side
-first runs once untimed (a verify step's token count is a new GEMM shape the first time: oneDNN builds its
-kernel once per process, which the first spec-on run would otherwise pay for).
+--interleaved runs both sides in one process, toggling speculation between repeats. With --warmup each side
+(each worker, or each side of the interleaved process) first runs every workload once untimed: a verify
+step's token count is a new GEMM shape the first time, and oneDNN builds its kernel once per process,
+which the first timed spec-on runs would otherwise pay for.
 
 --forward-costs times one forward of B rows x (1 + k) tokens (k = 0..8, B = 1, 16) against a 512-token
 context: what a verify row costs on this machine relative to a plain decode row.
@@ -123,6 +124,9 @@ def run_worker(args) -> None:
                            + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
                 params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
                 times, cpu, out = [], [], None
+                if args.warmup:  # untimed: the new GEMM shapes of this workload's steps built once (interleaved)
+                    eng.flush_cache()
+                    eng.generate(prompts, params)
                 for _ in range(args.repeats):
                     eng.flush_cache()
                     eng.generate(prompts, {"max_new_tokens": 1, "temperature": 0})
@@ -272,7 +276,8 @@ def main() -> None:
     ap.add_argument("--interleaved", action="store_true",
                     help="one process toggling speculation between repeats (pairs = --repeats)")
     ap.add_argument("--warmup", action="store_true",
-                    help="--interleaved: one untimed run of each side before the pairs (new GEMM shapes built once)")
+                    help="one untimed run of each workload and side before the timed ones (new GEMM shapes "
+                         "built once, as in a serving process)")
     args = ap.parse_args()
     if args.forward_costs:
         return forward_costs(args)
@@ -281,9 +286,10 @@ def main() -> None:
     if args.interleaved:
         return interleaved(args)
     loads = [os.getloadavg()[0]]
-    rounds = []  # per round: {side: results}; the sides alternate, so load drift hits both alike
-    for _ in range(args.rounds):
-        rounds.append({side: _run_side(args, side) for side in ("off", "on")})
+    rounds = []  # per round: {side: results}; which side runs first alternates, so drift hits both alike
+    for i in range(args.rounds):  # off first in even rounds, on first in odd ones
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")
+        rounds.append({side: _run_side(args, side) for side in order})
         loads.append(os.getloadavg()[0])
     print(f"load (1-min, per round): {' '.join(f'{x:.1f}' for x in loads)}  threads={args.threads}  k={args.k}  "
           f"new={args.new}  repeats={args.repeats}  rounds={args.rounds}  min_match={args.ngram_min_match}  "
@@ -305,7 +311,7 @@ def main() -> None:
 def _run_side(args, side: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
            *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches),
-           "--workloads", *args.workloads,
+           "--workloads", *args.workloads, *(["--warmup"] if args.warmup else []),
            "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
     if args.batch_cap:
         cmd += ["--batch-cap", str(args.batch_cap)]

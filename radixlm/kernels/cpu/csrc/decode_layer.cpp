@@ -42,13 +42,13 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const c10::optional
   return y;
 }
 
-// x [T, hidden]: this layer's input (for the first layer, the embedding: then residual is x itself and
-// first is true); residual [T, hidden] is updated in place (residual + attention, then + nothing more:
-// the MLP output is returned for the next layer to add, as DecoderLayer.forward does).
 }  // namespace
 
 namespace rlm {
 
+// x [T, hidden]: this layer's input (for the first layer, the embedding: then residual is x itself and
+// first is true); residual [T, hidden] is updated in place (residual + attention, then + nothing more:
+// the MLP output is returned for the next layer to add, as DecoderLayer.forward does).
 at::Tensor decode_layer(const at::Tensor& x, at::Tensor& residual, const at::Tensor& in_norm,
                         const at::Tensor& post_norm, double eps, const at::Tensor& qkv_w,
                         const c10::optional<at::Tensor>& qkv_b, const at::Tensor& o_w, const at::Tensor& gate_up_w,
