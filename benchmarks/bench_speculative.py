@@ -13,8 +13,8 @@ Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 differe
   (c) chat:  a multi-turn chat whose last question asks to repeat an earlier answer with a change,
   (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
 Each side (speculation on, off) runs in its own worker process, loaded once; with --rounds N the pair of
-workers runs N times, the side that starts alternating, and the median of the per-round ratios is reported with their range
-(on a shared machine load drifts between the two sides of one round). The "cpu ratio" compares tokens
+workers runs N times, the side that starts alternating, and the median of the per-round ratios is
+reported with their range (on a shared machine load drifts between the two sides of one round). The "cpu ratio" compares tokens
 per second of the worker process's CPU time (all its threads): with --threads 1 on an idle machine it
 equals the wall-clock ratio, and on a loaded one it leaves out the time other processes held the core
 (memory-bandwidth contention still counts). Per repeat the cache (and
@@ -124,7 +124,7 @@ def run_worker(args) -> None:
                            + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
                 params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
                 times, cpu, out = [], [], None
-                if args.warmup:  # untimed: the new GEMM shapes of this workload's steps built once (interleaved)
+                if args.warmup:  # untimed, as --interleaved --warmup: this workload's new GEMM shapes built once
                     eng.flush_cache()
                     eng.generate(prompts, params)
                 for _ in range(args.repeats):
