@@ -13,14 +13,14 @@ Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 differe
   (c) chat:  a multi-turn chat whose last question asks to repeat an earlier answer with a change,
   (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
 Each side (speculation on, off) runs in its own worker process, loaded once; with --rounds N the pair of
-workers runs N times, the side that starts alternating, and the median of the per-round ratios is
-reported with their range (on a shared machine load drifts between the two sides of one round). The
-"cpu ratio" compares tokens per second of the worker process's CPU time (all its threads): with --threads 1 on an idle machine it
-equals the wall-clock ratio, and on a loaded one it leaves out the time other processes held the core
-(memory-bandwidth contention still counts). Per repeat the cache (and
-the n-gram corpus) is flushed, the prompts are prefilled (max_new_tokens=1, so decode is what is timed),
-then the batch is generated; the median over repeats is reported. Output ids of both sides are compared
-(greedy speculation is exact: they must be identical).
+workers runs N times, the side that starts alternating, and the median of the per-round ratios is reported
+with their range (on a shared machine load drifts between the two sides of one round). The "cpu ratio"
+compares tokens per second of the worker process's CPU time (all its threads): with --threads 1 on an idle
+machine it equals the wall-clock ratio, and on a loaded one it leaves out the time other processes held the
+core (memory-bandwidth contention still counts). Per repeat the cache (and the n-gram corpus) is flushed,
+the prompts are prefilled (max_new_tokens=1, so decode is what is timed), then the batch is generated; the
+median over repeats is reported. Output ids of both sides are compared (greedy speculation is exact: they
+must be identical).
 
 --interleaved runs both sides in one process, toggling speculation between repeats. With --warmup each side
 (each worker, or each side of the interleaved process) first runs every workload once untimed: a verify
