@@ -92,5 +92,28 @@ def test_allocator_hands_out_ascending_runs():
     alloc.free(torch.cat([prompt, *steps]))  # a finished request's slots, in its order
     alloc.check_integrity()
     again = torch.cat([alloc.alloc(6), alloc.alloc(1)])
-    assert _run_start(again) == 1
+    assert _run_start(again) == 9  # the sorted stack's lowest; the freed ones wait for a merge
     assert alloc.num_free() == 9
+    alloc.check_integrity()
+
+
+def test_allocator_sorts_scrambled_frees_back_into_runs():
+    """Slots freed in any order (a flushed tree, two requests' interleaved decode slots) come back out as
+    the lowest free slots in one ascending run once merged: when the stack alone cannot serve an alloc,
+    and when the released slots reach the merge threshold."""
+    alloc = TokenAllocator(200, torch.device("cpu"))
+    a, b = alloc.alloc(20), alloc.alloc(20)
+    alloc.free(b[torch.randperm(20)])
+    alloc.free(a[torch.randperm(20)])
+    alloc.check_integrity()
+    assert alloc.num_free() == 200
+    assert alloc.alloc(150).tolist() == list(range(41, 191))  # the stack still serves it: no merge yet
+    run = alloc.alloc(30)  # the stack has 10: the 40 released slots are sorted in first
+    assert run.tolist() == list(range(1, 31))
+    alloc.check_integrity()
+    alloc = TokenAllocator(200, torch.device("cpu"))
+    taken = alloc.alloc(64)
+    alloc.free(taken[torch.randperm(64)])  # 64 released: the threshold (MERGE_MIN) merges them at once
+    assert alloc.alloc(64).tolist() == list(range(1, 65))  # unmerged, the stack would give 65..128
+    alloc.check_integrity()
+    assert alloc.alloc(137) is None and alloc.num_free() == 136  # not enough: nothing taken
