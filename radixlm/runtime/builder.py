@@ -60,7 +60,7 @@ def build_scheduler(config: EngineConfig) -> BuiltScheduler:
     if config.speculative.algorithm is not None:
         from radixlm.runtime.speculative.setup import build_speculation
 
-        scheduler.spec = outputs.spec = build_speculation(config, runner, info.context_len, tokenizer)
+        scheduler.spec = outputs.spec = build_speculation(config, runner, info.context_len, tokenizer, eos)
     return BuiltScheduler(model_dir, tokenizer, hf_config, runner, scheduler, eos, limits)
 
 

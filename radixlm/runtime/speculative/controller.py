@@ -1,7 +1,7 @@
 """SpecController: what the scheduler asks of speculative decoding (the hooks stay a few lines there).
 
 Runs in the scheduler process. Per step: `propose` gives each decoding request its draft tokens (bounded
-by max_new_tokens, the context, the grammar and the request's adaptive draft length; none where the step's
+by max_new_tokens, the context, the grammar, the request's stops (stop_cut.py) and its adaptive draft length; none where the step's
 size makes the draft unlikely to pay, cost.py); the scheduler turns
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
 (verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
@@ -22,6 +22,7 @@ from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
 from radixlm.runtime.speculative.cost import min_chance, min_expected
 from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
+from radixlm.runtime.speculative.stop_cut import StopCut
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
 
@@ -179,10 +180,12 @@ class NgramProposer:
 
 
 class SpecController:
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, context_len: int):
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, context_len: int,
+                 stop_cut: StopCut | None = None):
         self.config = config
         self.proposer = proposer
         self.context_len = context_len
+        self.stop_cut = stop_cut  # None: drafts are not cut at the request's stops
         self.max_k = config.max_draft
         self.cost_aware = COST_AWARE
         self.stats = SpecStats()
@@ -219,6 +222,8 @@ class SpecController:
                 draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
+            if draft and self.stop_cut is not None:
+                draft = self.stop_cut.cut(req, draft)
             out.append(draft)
         if large and self.cost_aware and not self._step_pays(reqs, out):
             # Only requests on a streak (copying: their last drafts were accepted whole) keep theirs.
