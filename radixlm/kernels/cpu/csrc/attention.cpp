@@ -153,7 +153,57 @@ inline float hsum(vec v) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+// hsum of four vectors at once, [hsum(a0), hsum(a1), hsum(a2), hsum(a3)] with hsum's own order of adds
+// (halves, then quarters, then (b0 + b2) + (b1 + b3)), so a score's bits do not depend on its place in a
+// block of four: the shuffles of one reduction serve four keys.
+inline v4 hsum4(vec a0, vec a1, vec a2, vec a3) {
+  typedef float v8 __attribute__((vector_size(32)));
+#ifdef __AVX512F__
+  auto half = [](vec v) -> v8 {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  };
+  const v8 b0 = half(a0), b1 = half(a1), b2 = half(a2), b3 = half(a3);
+#else
+  const v8 b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+#endif
+  // [a0's four quarter sums, a1's], [a2's, a3's]
+  const v8 c01 = __builtin_shufflevector(b0, b1, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(b0, b1, 4, 5, 6, 7, 12, 13, 14, 15);
+  const v8 c23 = __builtin_shufflevector(b2, b3, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(b2, b3, 4, 5, 6, 7, 12, 13, 14, 15);
+  // [q0 + q2, q1 + q3] of a0, a2, a1, a3
+  const v8 d = __builtin_shufflevector(c01, c23, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(c01, c23, 2, 3, 10, 11, 6, 7, 14, 15);
+  return __builtin_shufflevector(d, d, 0, 4, 2, 6) + __builtin_shufflevector(d, d, 1, 5, 3, 7);
+}
+
 constexpr int64_t kMaxGroup = 8;
+
+// The max of s[0..n) in W lanes (max is exact in any order: the same value as a sequential loop, which
+// the compiler cannot vectorize without reassociation flags and which ran at one compare's latency a
+// score, ~20% of the kernel).
+inline float row_max(const float* s, int64_t n) {
+  float m = s[0];
+  int64_t j = 0;
+  if (n >= W) {
+    vec mv = loadv(s);
+    for (j = W; j + W <= n; j += W) {
+      const vec x = loadv(s + j);
+      mv = x > mv ? x : mv;
+    }
+    for (int i = 0; i < W; ++i) m = std::max(m, mv[i]);
+  }
+  for (; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+// The sum of s[0..n) in W lanes, the lanes then halved (hsum) and the tail added last: a fixed order for
+// every row, as the dot products'; a sequential sum ran at one add's latency a score.
+inline float lane_sum(const float* s, int64_t n) {
+  vec acc{};
+  int64_t j = 0;
+  for (; j + W <= n; j += W) acc += loadv(s + j);
+  float sum = hsum(acc);
+  for (; j < n; ++j) sum += s[j];
+  return sum;
+}
 
 template <int C>
 void attend_group_vec(const float* q, const float* k_base, const float* v_base, const int64_t* slots, int64_t L,
@@ -162,21 +212,34 @@ void attend_group_vec(const float* q, const float* k_base, const float* v_base, 
   vec qv[kMaxGroup][C], acc[kMaxGroup][C];
   for (int64_t g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) qv[g][c] = loadv(q + g * d + W * c);
-  for (int64_t j = 0; j < L; ++j) {
-    const float* k = k_base + slots[j] * stride;
-    vec kv[C];
-    for (int c = 0; c < C; ++c) kv[c] = loadv(k + W * c);
+  int64_t j = 0;
+  for (; j + 4 <= L; j += 4) {  // four keys at a time: their four sums reduced together (hsum4)
+    const float* k[4];
+    for (int t = 0; t < 4; ++t) k[t] = k_base + slots[j + t] * stride;
     for (int64_t g = 0; g < G; ++g) {
-      vec a = qv[g][0] * kv[0];
-      for (int c = 1; c < C; ++c) a += qv[g][c] * kv[c];
+      vec a[4];
+      for (int t = 0; t < 4; ++t) {
+        a[t] = qv[g][0] * loadv(k[t]);
+        for (int c = 1; c < C; ++c) a[t] += qv[g][c] * loadv(k[t] + W * c);
+      }
+      const v4 s4 = hsum4(a[0], a[1], a[2], a[3]) * scale;
+      std::memcpy(scores + g * L + j, &s4, sizeof s4);
+    }
+  }
+  for (; j < L; ++j) {
+    const float* k = k_base + slots[j] * stride;
+    for (int64_t g = 0; g < G; ++g) {
+      vec a = qv[g][0] * loadv(k);
+      for (int c = 1; c < C; ++c) a += qv[g][c] * loadv(k + W * c);
       scores[g * L + j] = hsum(a) * scale;
     }
   }
+  float sums[kMaxGroup];
   for (int64_t g = 0; g < G; ++g) {
     float* sg = scores + g * L;
-    float m = sg[0];
-    for (int64_t j = 1; j < L; ++j) m = std::max(m, sg[j]);
+    const float m = row_max(sg, L);
     for (int64_t j = 0; j < L; ++j) sg[j] = rlm::fast_exp(sg[j] - m);
+    sums[g] = lane_sum(sg, L);
     for (int c = 0; c < C; ++c) acc[g][c] = vec{};
   }
   for (int64_t j = 0; j < L; ++j) {
@@ -189,10 +252,7 @@ void attend_group_vec(const float* q, const float* k_base, const float* v_base, 
     }
   }
   for (int64_t g = 0; g < G; ++g) {
-    const float* sg = scores + g * L;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < L; ++j) sum += sg[j];
-    const float inv = 1.0f / sum;
+    const float inv = 1.0f / sums[g];
     for (int c = 0; c < C; ++c) {
       const vec o = acc[g][c] * inv;
       std::memcpy(out + g * d + W * c, &o, sizeof o);
