@@ -385,3 +385,23 @@ def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
         req.finish = FinishReason("length", length=0)
         c.on_finish(req)
         c.check_integrity(idle=True)
+
+
+def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative import controller as C
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
+    prop = C.NgramProposer(config)
+    # [1..5] repeats (a match long enough for a large batch): the own text continues 6..11
+    req = _req("a", list(range(1, 13)) + [1, 2, 3, 4, 5])
+    assert prop.propose([req], [6], [False], large_batch=False)[0][0] == [6, 7, 8, 9, 10, 11]  # a small batch: whole
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == [6, 7, 8][: C.OWN_WEAK_MAX_DRAFT]  # no record yet
+    prop.on_verified(req, 2, 2)  # accepted whole: the average rises above the bar
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == [6, 7, 8, 9, 10, 11]
+    for _ in range(2):  # two drafts rejected: below the bar again
+        prop.propose([req], [6], [False], large_batch=True)
+        prop.on_verified(req, 6, 0)
+    assert len(prop.propose([req], [6], [False], large_batch=True)[0][0]) == C.OWN_WEAK_MAX_DRAFT
+    prop.on_finish(req)
+    prop.check_integrity(idle=True)

@@ -56,6 +56,18 @@ LARGE_BATCH_STREAK = 2
 # A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
 # least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
 TEXT_MIN_CHARS = 1
+# A copying request's drafts from its own text (a record's value, a function's lines) are accepted far less
+# often than those continuing another request's text or the corpus once the copy is past its start: a
+# copied value ends where its source goes on ('hana.7@example.com' + '. City: ...' in a record, '",' in
+# the JSON answer), and a text lookup's short character match is often the wrong occurrence (json at 16
+# rows: 36% of own-text draft tokens accepted, 85-99% of the others'). In a step with LARGE_BATCH+ rows,
+# where each draft token costs about half of what an accepted one saves (session 30, docs/benchmarks.md),
+# a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below OWN_WEAK_ACCEPTANCE
+# proposes at most OWN_WEAK_MAX_DRAFT of them (json at 16 rows: 984 -> 946 draft tokens, as many accepted).
+OWN_EMA_WEIGHT = 0.3
+OWN_WEAK_ACCEPTANCE = 0.5
+OWN_WEAK_MAX_DRAFT = 2
+OWN_PRIOR = 0.45  # a request with no own-text draft verified yet starts just below the bar
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 
@@ -73,8 +85,8 @@ class Proposer(Protocol):
     def observe(self, reqs: list[Req]) -> None:
         """The running requests' tokens so far (before this step's proposals)."""
 
-    def on_verified(self, req: Req, accepted: int) -> None:
-        """How many of req's draft tokens of this step were accepted."""
+    def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
+        """How many of req's draft tokens of this step were verified, and accepted."""
 
     def on_finish(self, req: Req) -> None: ...
 
@@ -117,6 +129,7 @@ class NgramProposer:
         self._text: dict[str, TextIndex] = {}
         self._cursors: dict[str, list[int]] = {}  # rid -> positions after its latest accepted copies
         self._source: dict[str, int] = {}  # rid -> where this step's draft starts in its own sequence
+        self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
 
     def _index(self, req: Req) -> NgramIndex:
         own = self._own.get(req.rid)
@@ -137,9 +150,12 @@ class NgramProposer:
         out = []
         for req, k, copy in zip(reqs, ks, copying):
             p = self._propose_one(req, k, self.short_n if copy else weak, copy)
+            tokens = p.tokens
             if p.source is not None:
+                if large_batch and self._own_acceptance.get(req.rid, OWN_PRIOR) < OWN_WEAK_ACCEPTANCE:
+                    tokens = tokens[:OWN_WEAK_MAX_DRAFT]
                 self._source[req.rid] = p.source
-            out.append((p.tokens, p.match, None))
+            out.append((tokens, p.match, None))
         return out
 
     def _propose_one(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
@@ -152,9 +168,14 @@ class NgramProposer:
             text = self._text[req.rid] = TextIndex(self.text_of)
         return text.propose(seq, k, TEXT_MIN_CHARS, cursors)
 
-    def on_verified(self, req: Req, accepted: int) -> None:
+    def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
         source = self._source.pop(req.rid, None)
-        if source is not None and accepted > 0:  # the copy continues after what was accepted
+        if source is None:
+            return
+        if proposed:
+            old = self._own_acceptance.get(req.rid, OWN_PRIOR)
+            self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * min(1.0, accepted / proposed)
+        if accepted > 0:  # the copy continues after what was accepted
             cursors = self._cursors.setdefault(req.rid, [])
             if source + accepted in cursors:
                 cursors.remove(source + accepted)
@@ -162,7 +183,7 @@ class NgramProposer:
             del cursors[CURSORS:]
 
     def on_finish(self, req: Req) -> None:
-        for table in (self._text, self._cursors, self._source):
+        for table in (self._text, self._cursors, self._source, self._own_acceptance):
             table.pop(req.rid, None)
         own = self._own.pop(req.rid, None)
         if own is not None:
@@ -175,7 +196,8 @@ class NgramProposer:
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._own, "n-gram indexes left while idle"
-        assert not idle or not (self._text or self._cursors or self._source), "text indexes / cursors left while idle"
+        assert not idle or not (self._text or self._cursors or self._source or self._own_acceptance), \
+            "text indexes / cursors / own-text averages left while idle"
         assert not idle or not len(self.live), "live n-gram tables left while idle"
 
 
@@ -276,7 +298,7 @@ class SpecController:
         s.num_accepted += accepted
         s.num_emitted += emitted
         s.per_k[proposed] = s.per_k.get(proposed, 0) + 1
-        self.proposer.on_verified(req, accepted)
+        self.proposer.on_verified(req, proposed, accepted)
         state = self._state.get(req.rid)
         if state is not None:
             state.update(proposed, accepted, self.max_k, self.config.speculative_min_acceptance)

@@ -120,7 +120,7 @@ class DraftModelProposer:
     def observe(self, reqs: list[Req]) -> None:
         pass  # the draft sees a request's tokens when it drafts for it
 
-    def on_verified(self, req: Req, accepted: int) -> None:
+    def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
         pass  # the next proposal truncates the shadow to the verified sequence
 
     # ---- lifecycle --------------------------------------------------------------------------------
