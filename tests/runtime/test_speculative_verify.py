@@ -395,13 +395,15 @@ def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
     prop = C.NgramProposer(config)
     # [1..5] repeats (a match long enough for a large batch): the own text continues 6..11
     req = _req("a", list(range(1, 13)) + [1, 2, 3, 4, 5])
-    assert prop.propose([req], [6], [False], large_batch=False)[0][0] == [6, 7, 8, 9, 10, 11]  # a small batch: whole
-    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == [6, 7, 8][: C.OWN_WEAK_MAX_DRAFT]  # no record yet
-    prop.on_verified(req, 2, 2)  # accepted whole: the average rises above the bar
-    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == [6, 7, 8, 9, 10, 11]
-    for _ in range(2):  # two drafts rejected: below the bar again
+    whole = [6, 7, 8, 9, 10, 11]
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole  # no record: not capped
+    for _ in range(2):  # two drafts rejected: the average falls below the bar
         prop.propose([req], [6], [False], large_batch=True)
         prop.on_verified(req, 6, 0)
-    assert len(prop.propose([req], [6], [False], large_batch=True)[0][0]) == C.OWN_WEAK_MAX_DRAFT
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole[: C.OWN_WEAK_MAX_DRAFT]
+    assert prop.propose([req], [6], [False], large_batch=False)[0][0] == whole  # a small batch: never capped
+    prop.propose([req], [6], [False], large_batch=True)
+    prop.on_verified(req, 2, 2)  # accepted whole: above the bar again
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole
     prop.on_finish(req)
     prop.check_integrity(idle=True)

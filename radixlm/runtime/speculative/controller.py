@@ -63,11 +63,11 @@ TEXT_MIN_CHARS = 1
 # rows: 36% of own-text draft tokens accepted, 85-99% of the others'). In a step with LARGE_BATCH+ rows,
 # where each draft token costs about half of what an accepted one saves (session 30, docs/benchmarks.md),
 # a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below OWN_WEAK_ACCEPTANCE
-# proposes at most OWN_WEAK_MAX_DRAFT of them (json at 16 rows: 984 -> 946 draft tokens, as many accepted).
+# proposes at most OWN_WEAK_MAX_DRAFT of them (a request starts at 1.0: two rejected drafts cap it; json at
+# 16 rows: 984 -> 970 draft tokens, as many accepted).
 OWN_EMA_WEIGHT = 0.3
 OWN_WEAK_ACCEPTANCE = 0.5
 OWN_WEAK_MAX_DRAFT = 2
-OWN_PRIOR = 0.45  # a request with no own-text draft verified yet starts just below the bar
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 
@@ -152,7 +152,7 @@ class NgramProposer:
             p = self._propose_one(req, k, self.short_n if copy else weak, copy)
             tokens = p.tokens
             if p.source is not None:
-                if large_batch and self._own_acceptance.get(req.rid, OWN_PRIOR) < OWN_WEAK_ACCEPTANCE:
+                if large_batch and self._own_acceptance.get(req.rid, 1.0) < OWN_WEAK_ACCEPTANCE:
                     tokens = tokens[:OWN_WEAK_MAX_DRAFT]
                 self._source[req.rid] = p.source
             out.append((tokens, p.match, None))
@@ -173,7 +173,7 @@ class NgramProposer:
         if source is None:
             return
         if proposed:
-            old = self._own_acceptance.get(req.rid, OWN_PRIOR)
+            old = self._own_acceptance.get(req.rid, 1.0)
             self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * min(1.0, accepted / proposed)
         if accepted > 0:  # the copy continues after what was accepted
             cursors = self._cursors.setdefault(req.rid, [])
