@@ -1,8 +1,8 @@
 """SpecController: what the scheduler asks of speculative decoding (the hooks stay a few lines there).
 
 Runs in the scheduler process. Per step: `propose` gives each decoding request its draft tokens (bounded
-by max_new_tokens, the context, the grammar, the request's stops (stop_cut.py) and its adaptive draft length; none where the step's
-size makes the draft unlikely to pay, cost.py); the scheduler turns
+by max_new_tokens, the context, the grammar, the request's stops (stop_cut.py) and its adaptive draft
+length; none where the step's size makes the draft unlikely to pay, cost.py); the scheduler turns
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
 (verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
 sequence to the cross-request n-gram corpus and drops the request's state. Every running request (also
@@ -56,15 +56,14 @@ LARGE_BATCH_STREAK = 2
 # A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
 # least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
 TEXT_MIN_CHARS = 1
-# A copying request's drafts from its own text (a record's value, a function's lines) are accepted far less
-# often than those continuing another request's text or the corpus once the copy is past its start: a
-# copied value ends where its source goes on ('hana.7@example.com' + '. City: ...' in a record, '",' in
-# the JSON answer), and a text lookup's short character match is often the wrong occurrence (json at 16
-# rows: 36% of own-text draft tokens accepted, 85-99% of the others'). In a step with LARGE_BATCH+ rows,
-# where each draft token costs about half of what an accepted one saves (session 30, docs/benchmarks.md),
-# a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below OWN_WEAK_ACCEPTANCE
-# proposes at most OWN_WEAK_MAX_DRAFT of them (a request starts at 1.0: two rejected drafts cap it; json at
-# 16 rows: 984 -> 970 draft tokens, as many accepted).
+# A copying request's drafts from its own text (a record's value, a function's lines) can be accepted far
+# less often than those continuing another request's text or the corpus: a copied value ends where its
+# source goes on ('hana.7@example.com' + '. City: ...' in a record, '",' in the JSON answer), and a text
+# lookup's short character match is often the wrong occurrence (json at 16 rows, docs/benchmarks.md
+# session 30). In a step with LARGE_BATCH+ rows, where a draft token costs about half of what an accepted
+# one saves, a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below
+# OWN_WEAK_ACCEPTANCE proposes at most OWN_WEAK_MAX_DRAFT of them. A request starts at 1.0, so two rejected
+# own-text drafts cap it and one accepted whole lifts the cap.
 OWN_EMA_WEIGHT = 0.3
 OWN_WEAK_ACCEPTANCE = 0.5
 OWN_WEAK_MAX_DRAFT = 2

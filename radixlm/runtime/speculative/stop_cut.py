@@ -4,7 +4,7 @@ Runs in the scheduler process. A draft copied from earlier text runs on past the
 stops (a few-shot completion stopped at "\n" is proposed "\n" and the next example's first tokens, a chat
 answer its end-of-turn token and what followed it). Verification would discard those tokens anyway, but
 each costs a token's compute in the verify step (at 16 rows on a CPU, where a verify step is
-compute-bound, about as much as a decode row's share). The cut keeps the draft up to and including the
+compute-bound, about half of a decode row's share of a step: docs/benchmarks.md, session 30). The cut keeps the draft up to and including the
 first token at which the request would finish (its stop token, or the token whose text completes a stop
 string), so what verification produces is unchanged: the same tokens are accepted up to that point and
 the request finishes there either way.
