@@ -62,8 +62,8 @@ TEXT_MIN_CHARS = 1
 # lookup's short character match is often the wrong occurrence (json at 16 rows, docs/benchmarks.md
 # session 30). In a step with LARGE_BATCH+ rows, where a draft token costs about half of what an accepted
 # one saves, a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below
-# OWN_WEAK_ACCEPTANCE proposes at most OWN_WEAK_MAX_DRAFT of them. A request starts at 1.0, so two rejected
-# own-text drafts cap it and one accepted whole lifts the cap.
+# OWN_WEAK_ACCEPTANCE proposes at most OWN_WEAK_MAX_DRAFT of them. A request starts at 1.0: two rejected
+# own-text drafts cap it, and accepted ones lift the cap again.
 OWN_EMA_WEIGHT = 0.3
 OWN_WEAK_ACCEPTANCE = 0.5
 OWN_WEAK_MAX_DRAFT = 2
