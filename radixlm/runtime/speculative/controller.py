@@ -173,7 +173,7 @@ class NgramProposer:
             return
         if proposed:
             old = self._own_acceptance.get(req.rid, 1.0)
-            self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * min(1.0, accepted / proposed)
+            self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * accepted / proposed
         if accepted > 0:  # the copy continues after what was accepted
             cursors = self._cursors.setdefault(req.rid, [])
             if source + accepted in cursors:
