@@ -13,11 +13,14 @@ def build_speculation(config: EngineConfig, runner, context_len: int, tokenizer=
     """tokenizer: NGRAM's text lookup (speculative/text_lookup.py) and the drafts' cut at stop strings
     (stop_cut.py); None turns both off."""
     spec = config.speculative
-    stop_cut = StopCut(eos_token_ids, TokenText(tokenizer) if tokenizer is not None else None)
     if spec.algorithm == "NGRAM":
-        return SpecController(spec, NgramProposer(spec, tokenizer), context_len, stop_cut)
-    if spec.algorithm == "STANDALONE":
+        proposer = NgramProposer(spec, tokenizer)
+        text_of = proposer.text_of  # one cache of token texts for the text lookup and the stop cut
+    elif spec.algorithm == "STANDALONE":
         from radixlm.runtime.speculative.draft_model import DraftModelProposer
 
-        return SpecController(spec, DraftModelProposer(config, runner), context_len, stop_cut)
-    raise ValueError(f"unknown speculative_algorithm {spec.speculative_algorithm!r}")
+        proposer = DraftModelProposer(config, runner)
+        text_of = TokenText(tokenizer) if tokenizer is not None else None
+    else:
+        raise ValueError(f"unknown speculative_algorithm {spec.speculative_algorithm!r}")
+    return SpecController(spec, proposer, context_len, StopCut(eos_token_ids, text_of))

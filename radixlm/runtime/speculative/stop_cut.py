@@ -4,10 +4,10 @@ Runs in the scheduler process. A draft copied from earlier text runs on past the
 stops (a few-shot completion stopped at "\n" is proposed "\n" and the next example's first tokens, a chat
 answer its end-of-turn token and what followed it). Verification would discard those tokens anyway, but
 each costs a token's compute in the verify step (at 16 rows on a CPU, where a verify step is
-compute-bound, about half of a decode row's share of a step: docs/benchmarks.md, session 30). The cut keeps the draft up to and including the
-first token at which the request would finish (its stop token, or the token whose text completes a stop
-string), so what verification produces is unchanged: the same tokens are accepted up to that point and
-the request finishes there either way.
+compute-bound, about half of a decode row's share of a step: docs/benchmarks.md, session 30). The cut
+keeps the draft up to and including the first token at which the request would finish (its stop token,
+or the token whose text completes a stop string), so what verification produces is unchanged: the same
+tokens are accepted up to that point and the request finishes there either way.
 
 A stop string is matched on the draft tokens' own texts (with the last few output tokens' texts before
 them, for a stop that straddles): a token split inside a multi-byte character can make that text differ
@@ -48,14 +48,14 @@ class StopCut:
 
     def _stop_string_end(self, req: Req, draft: list[int], first: int) -> int | None:
         """The index of the draft token whose text completes a stop string first (at `first` or later)."""
+        if first >= len(draft):
+            return None
         piece = self.text_of.piece
         tail = "".join(piece(t) for t in req.output_ids[-TAIL_TOKENS:])
         ends, text = [], tail
         for tok in draft:
             text += piece(tok)
             ends.append(len(text))  # the text up to and including this draft token
-        if first >= len(draft):
-            return None
         after = ends[first - 1] if first else len(tail)  # a stop must end past this character
         best = None
         for stop in req.params.stop:
