@@ -318,6 +318,31 @@ def test_large_batch_needs_a_longer_match_unless_copying():
     assert ctl.propose(three) == [[9, 8]] * LARGE_BATCH
 
 
+def test_a_missed_draft_ends_copying_for_the_next_one_at_a_large_batch():
+    """A request whose last draft had no token accepted (its copy just ended) needs the non-copying match
+    length for its next draft in a large step, however high its acceptance average; a hit makes it copying
+    again, and a small step keeps the short matches."""
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import LARGE_BATCH, NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    ctl.cost_aware = False  # the copying rule alone
+    reqs = [_req(f"m{i}", [5, 6, 20, 21, 22, 7, 20]) for i in range(LARGE_BATCH)]  # the 1-gram [20] repeats
+    for r in reqs:
+        ctl._state[r.rid] = AdaptiveState(k=2, acceptance=0.9)
+        r.num_spec_accepted = 1
+    assert ctl.propose(reqs) == [[21, 22]] * LARGE_BATCH  # copying: a 1-token match is enough
+    for r in reqs:
+        ctl._state[r.rid].update(2, 0, max_k=2, min_acceptance=0.25)  # a miss; the average stays high
+        assert ctl._state[r.rid].acceptance >= 0.35
+    assert ctl.propose(reqs) == [[]] * LARGE_BATCH
+    assert ctl.propose(reqs[:1]) == [[21, 22]]  # a small step: copying still
+    for r in reqs:
+        ctl._state[r.rid].update(2, 1, max_k=2, min_acceptance=0.25)  # a token of the next draft accepted
+    assert ctl.propose(reqs) == [[21, 22]] * LARGE_BATCH
+
+
 def test_a_copy_in_progress_continues_at_its_cursor_not_at_the_latest_occurrence():
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.speculative.controller import NgramProposer, SpecController

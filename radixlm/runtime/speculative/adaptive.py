@@ -36,6 +36,7 @@ class AdaptiveState:
     first_hits: float = 0.0  # drafts whose first token was accepted (decayed by FIRST_DECAY per draft)
     first_tries: float = 0.0  # drafts verified (decayed alike)
     streak: int = 0  # consecutive drafts accepted whole (a request copying long runs)
+    missed: bool = False  # its last draft had no token accepted
 
     def first_chance(self) -> float:
         """The estimated probability that the next draft's first token is accepted."""
@@ -53,6 +54,7 @@ class AdaptiveState:
         self.first_hits = FIRST_DECAY * self.first_hits + (accepted > 0)
         self.first_tries = FIRST_DECAY * self.first_tries + 1.0
         self.streak = self.streak + 1 if accepted == proposed else 0
+        self.missed = accepted == 0
         if self.cooldown > 0:  # a strong match proposed during a pause (controller.STRONG_MATCH)
             if 2 * accepted >= proposed:  # it paid: the text repeats now, resume at the length that worked
                 self.cooldown, self.acceptance = 0, GROW_ABOVE

@@ -36,6 +36,11 @@ STRONG_MATCH = 6
 # wrong: speculative_ngram_min_match. 0.35, not 0.5: a JSON answer's drafts are accepted in part (a value
 # ends where the source's does not), which kept its average around 0.4-0.6 and its short matches off half
 # the time (measured: 2.6 -> 3.4 tokens per forward at batch 1 with the text lookup, docs/benchmarks.md).
+# In a step with LARGE_BATCH+ rows a request whose last draft had no token accepted is not copying for its
+# next draft (however high its average): a copy that has just ended (a code block closed, the prose after it
+# begins) would otherwise go on proposing 1-token matches and text lookups for several steps while the
+# average decays, each a draft of verify tokens nobody accepts (code at batch 16; docs/benchmarks.md,
+# session 31).
 COPYING_MIN_MATCH = 1
 COPYING_ACCEPTANCE = 0.35
 # In a step with this many decoding rows the forward is compute-bound (each draft token costs about a
@@ -230,7 +235,8 @@ class SpecController:
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
-                copying.append(active and req.num_spec_accepted > 0 and state.acceptance >= COPYING_ACCEPTANCE)
+                copying.append(active and req.num_spec_accepted > 0 and state.acceptance >= COPYING_ACCEPTANCE
+                               and not (large and state.missed))
                 if not active:
                     paused.add(req.rid)
         proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
