@@ -107,46 +107,77 @@ ASSISTANT_PREFIX = {"code": "```python\n"}  # the start of the assistant's answe
 
 
 def run_worker(args) -> None:
+    """One side, every workload and batch in turn (--rounds: one process per side and round)."""
     from radixlm.runtime.engine import Engine
 
-    spec = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
-            "speculative_min_acceptance": args.min_acceptance,
-            "speculative_ngram_min_match": args.ngram_min_match,
-            "speculative_max_batch_draft_tokens": args.batch_cap} if args.side == "on" else {}
     results = {}
-    with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
-        tok = eng.tokenizer
+    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args)) as eng:
         for name in args.workloads:
-            make = WORKLOADS[name]
             for batch in args.batches:
-                prompts = [make(i) if name == "json" else
-                           tok.apply_chat_template(make(i), tokenize=False, add_generation_prompt=True)
-                           + ASSISTANT_PREFIX.get(name, "") for i in range(batch)]
-                params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
-                times, cpu, out = [], [], None
+                prompts, params = _prompts(eng.tokenizer, name, batch), _params(args, name)
                 if args.warmup:  # untimed, as --interleaved --warmup: this workload's new GEMM shapes built once
                     eng.flush_cache()
                     eng.generate(prompts, params)
-                for _ in range(args.repeats):
-                    eng.flush_cache()
-                    eng.generate(prompts, {"max_new_tokens": 1, "temperature": 0})
-                    steps0 = eng.scheduler.num_forward_steps
-                    s0 = _spec_totals(eng)
-                    t, c = time.perf_counter(), time.process_time()
-                    out = eng.generate(prompts, params)
-                    times.append(time.perf_counter() - t)
-                    cpu.append(time.process_time() - c)
-                    steps = eng.scheduler.num_forward_steps - steps0
-                    s1 = _spec_totals(eng)
-                tokens = sum(len(r["output_ids"]) for r in out)
-                proposed, accepted = s1[0] - s0[0], s1[1] - s0[1]
-                results[f"{name}/b{batch}"] = {
-                    "tok_s": tokens / statistics.median(times), "tokens": tokens, "steps": steps,
-                    "tok_cpu_s": tokens / statistics.median(cpu),
-                    "tokens_per_forward": tokens / max(1, steps) / batch,
-                    "acceptance": accepted / proposed if proposed else None, "proposed": proposed,
-                    "output_ids": [r["output_ids"] for r in out]}
+                runs = [_timed_run(eng, prompts, params) for _ in range(args.repeats)]
+                results[f"{name}/b{batch}"] = _summary(runs, batch)
     print(json.dumps(results))
+
+
+def serve_worker(args) -> None:
+    """One side kept alive for --live: loads once (and warms every workload up with --warmup), then answers
+    each line "name batch" on stdin with one timed run's result as a JSON line."""
+    from radixlm.runtime.engine import Engine
+
+    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args)) as eng:
+        if args.warmup:
+            for name in args.workloads:
+                for batch in args.batches:
+                    eng.flush_cache()
+                    eng.generate(_prompts(eng.tokenizer, name, batch), _params(args, name))
+        print("ready", flush=True)
+        for line in sys.stdin:
+            name, batch = line.split()
+            run = _timed_run(eng, _prompts(eng.tokenizer, name, int(batch)), _params(args, name))
+            print(json.dumps(_summary([run], int(batch))), flush=True)
+
+
+def _spec_options(args) -> dict:
+    if args.side != "on":
+        return {}
+    return {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
+            "speculative_min_acceptance": args.min_acceptance,
+            "speculative_ngram_min_match": args.ngram_min_match,
+            "speculative_max_batch_draft_tokens": args.batch_cap}
+
+
+def _params(args, name: str) -> dict:
+    return {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
+
+
+def _timed_run(eng, prompts: list[str], params: dict) -> dict:
+    """Flush the cache (and the n-gram corpus), prefill the prompts (max_new_tokens=1), then time the batch:
+    wall clock, this process's CPU time, forward steps and speculation counters of the decode alone."""
+    eng.flush_cache()
+    eng.generate(prompts, {"max_new_tokens": 1, "temperature": 0})
+    steps0, s0 = eng.scheduler.num_forward_steps, _spec_totals(eng)
+    t, c = time.perf_counter(), time.process_time()
+    out = eng.generate(prompts, params)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    s1 = _spec_totals(eng)
+    return {"wall": wall, "cpu": cpu, "steps": eng.scheduler.num_forward_steps - steps0,
+            "proposed": s1[0] - s0[0], "accepted": s1[1] - s0[1], "output_ids": [r["output_ids"] for r in out]}
+
+
+def _summary(runs: list[dict], batch: int) -> dict:
+    """Medians over repeats (the counters and outputs of the last: greedy runs repeat them)."""
+    last = runs[-1]
+    tokens = sum(len(ids) for ids in last["output_ids"])
+    proposed, accepted = last["proposed"], last["accepted"]
+    return {"tok_s": tokens / statistics.median(r["wall"] for r in runs), "tokens": tokens, "steps": last["steps"],
+            "tok_cpu_s": tokens / statistics.median(r["cpu"] for r in runs),
+            "tokens_per_forward": tokens / max(1, last["steps"]) / batch,
+            "acceptance": accepted / proposed if proposed else None, "proposed": proposed,
+            "output_ids": last["output_ids"]}
 
 
 def interleaved(args) -> None:
@@ -168,7 +199,7 @@ def interleaved(args) -> None:
         for name in args.workloads:
             for batch in args.batches:
                 prompts = _prompts(eng.tokenizer, name, batch)
-                params = {"max_new_tokens": args.new, "temperature": 0, **({"stop": ["\n"]} if name == "json" else {})}
+                params = _params(args, name)
                 runs = {False: [], True: []}
                 # --warmup: one untimed run of each side first. A verify step's token count is a new GEMM
                 # shape the first time it occurs, and oneDNN builds (JITs) a kernel for each new shape once
@@ -202,6 +233,65 @@ def interleaved(args) -> None:
                       f"{min(ratios):5.2f}-{max(ratios):4.2f} {statistics.median(cpu):9.2f} {acc:>7s} "
                       f"{tokens / max(1, steps) / batch:8.2f} {same}", flush=True)
     print(f"load {os.getloadavg()[0]:.1f}")
+
+
+def live(args) -> None:
+    """Both sides alive at once, each in its own worker process (--serve), loaded and warmed up once; every
+    pair of timed runs (one a side, the side that starts alternating) runs back to back, seconds apart, so
+    the load's and the machine's drift over minutes cancels in each pair's ratio, as in --interleaved, while
+    the two sides keep their own processes (their own OpenMP pools and heaps). One pair per --repeats."""
+    workers = {side: _start_worker(args, side) for side in ("off", "on")}
+    try:
+        for proc in workers.values():  # both loaded and warmed up before anything is timed
+            _expect_ready(proc)
+        print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  k={args.k}  new={args.new}  pairs={args.repeats}"
+              f"  warmup={args.warmup}  min_match={args.ngram_min_match}  batch_cap={args.batch_cap}  (live workers)")
+        print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} "
+              f"{'range':>11s} {'accept':>7s} {'tok/fwd':>8s} same", flush=True)
+        for name in args.workloads:
+            for batch in args.batches:
+                runs = {"off": [], "on": []}
+                for i in range(args.repeats):
+                    for side in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                        runs[side].append(_ask(workers[side], name, batch)[f"{name}/b{batch}"])
+                _print_row(f"{name}/b{batch}", runs["off"], runs["on"])
+        print(f"load {os.getloadavg()[0]:.1f}")
+    finally:
+        for proc in workers.values():
+            proc.stdin.close()
+            proc.wait()
+
+
+def _start_worker(args, side: str) -> subprocess.Popen:
+    return subprocess.Popen(_worker_cmd(args, side, "--serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=os.environ)
+
+
+def _expect_ready(proc: subprocess.Popen) -> None:
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        sys.exit(f"a worker did not start (exit {proc.wait()}): {line[-2000:]}")
+
+
+def _ask(proc: subprocess.Popen, name: str, batch: int) -> dict:
+    proc.stdin.write(f"{name} {batch}\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        sys.exit(f"a worker died (exit {proc.wait()})")
+    return {f"{name}/b{batch}": json.loads(line)}
+
+
+def _print_row(key: str, off: list[dict], on: list[dict]) -> None:
+    """Per pair (or round) ratios of on vs off: median and range, by wall clock and by CPU time."""
+    ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(off, on)]
+    cpu = [b["tok_cpu_s"] / a["tok_cpu_s"] for a, b in zip(off, on)]
+    acc = "-" if on[0]["acceptance"] is None else f"{100 * on[0]['acceptance']:.0f}%"
+    same = all(a["output_ids"] == b["output_ids"] for a, b in zip(off, on))
+    print(f"{key:10s} {statistics.median(a['tok_s'] for a in off):10.1f} "
+          f"{statistics.median(b['tok_s'] for b in on):10.1f} {statistics.median(ratios):6.2f} "
+          f"{min(ratios):5.2f}-{max(ratios):4.2f} {statistics.median(cpu):9.2f} {min(cpu):5.2f}-{max(cpu):4.2f} "
+          f"{acc:>7s} {on[0]['tokens_per_forward']:8.2f} {same}", flush=True)
 
 
 def _prompts(tok, name: str, batch: int) -> list[str]:
@@ -272,6 +362,10 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--rounds", type=int, default=1, help="off/on worker pairs, alternating (median ratio of rounds)")
     ap.add_argument("--worker", dest="side", choices=["on", "off"])
+    ap.add_argument("--serve", dest="serve_side", choices=["on", "off"], help="a --live worker (internal)")
+    ap.add_argument("--live", action="store_true",
+                    help="both sides' workers alive at once, timed runs alternating between them in pairs "
+                         "(pairs = --repeats)")
     ap.add_argument("--forward-costs", action="store_true")
     ap.add_argument("--interleaved", action="store_true",
                     help="one process toggling speculation between repeats (pairs = --repeats)")
@@ -281,10 +375,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.forward_costs:
         return forward_costs(args)
+    if args.serve_side:
+        args.side = args.serve_side
+        return serve_worker(args)
     if args.side:
         return run_worker(args)
     if args.interleaved:
         return interleaved(args)
+    if args.live:
+        return live(args)
     loads = [os.getloadavg()[0]]
     rounds = []  # per round: {side: results}; which side runs first alternates, so drift hits both alike
     for i in range(args.rounds):  # off first in even rounds, on first in odd ones
@@ -297,19 +396,11 @@ def main() -> None:
     print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} "
           f"{'range':>11s} {'accept':>7s} {'tok/fwd':>8s} same")
     for key in rounds[0]["off"]:
-        off = [r["off"][key] for r in rounds]
-        on = [r["on"][key] for r in rounds]
-        ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(off, on)]
-        cpu = [b["tok_cpu_s"] / a["tok_cpu_s"] for a, b in zip(off, on)]
-        acc = "-" if on[0]["acceptance"] is None else f"{100 * on[0]['acceptance']:.0f}%"
-        same = all(a["output_ids"] == b["output_ids"] for a, b in zip(off, on))
-        print(f"{key:10s} {statistics.median(a['tok_s'] for a in off):10.1f} "
-              f"{statistics.median(b['tok_s'] for b in on):10.1f} {statistics.median(ratios):6.2f} "
-              f"{min(ratios):5.2f}-{max(ratios):4.2f} {statistics.median(cpu):9.2f} {min(cpu):5.2f}-{max(cpu):4.2f} {acc:>7s} {on[0]['tokens_per_forward']:8.2f} {same}")
+        _print_row(key, [r["off"][key] for r in rounds], [r["on"][key] for r in rounds])
 
 
-def _run_side(args, side: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--repeats", str(args.repeats), "--new", str(args.new),
+def _worker_cmd(args, side: str, mode: str = "--worker") -> list[str]:
+    cmd = [sys.executable, __file__, mode, side, "--repeats", str(args.repeats), "--new", str(args.new),
            *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches),
            "--workloads", *args.workloads, *(["--warmup"] if args.warmup else []),
            "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
@@ -319,7 +410,11 @@ def _run_side(args, side: str) -> dict:
         cmd += ["--threads", str(args.threads)]
     if args.model_path:
         cmd += ["--model-path", args.model_path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+    return cmd
+
+
+def _run_side(args, side: str) -> dict:
+    proc = subprocess.run(_worker_cmd(args, side), capture_output=True, text=True, env=os.environ)
     if proc.returncode:
         sys.exit(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
