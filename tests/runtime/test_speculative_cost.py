@@ -6,7 +6,7 @@ from __future__ import annotations
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.speculative.adaptive import FIRST_PRIOR, AdaptiveState
 from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
-                                                    NgramProposer, SpecController)
+                                                    ONE_ROW_CHANCE, NgramProposer, SpecController)
 from radixlm.runtime.speculative.cost import min_chance, min_expected
 
 from tests.runtime.test_speculative_verify import _req
@@ -32,12 +32,12 @@ def test_first_chance_follows_the_requests_first_tokens():
     assert state.first_chance() > low
 
 
-def _controller(k=None):
+def _controller(k=None, one_call_decode=True):
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=k)
-    return SpecController(config, NgramProposer(config), context_len=1024)
+    return SpecController(config, NgramProposer(config), context_len=1024, one_call_decode=one_call_decode)
 
 
-def test_rejected_first_tokens_stop_drafts_at_a_large_batch_only():
+def test_rejected_first_tokens_stop_drafts_at_a_large_batch_and_weak_ones_alone():
     ctl = _controller(k=4)
     reqs = [_req(f"r{i}", REPEAT) for i in range(16)]
     assert ctl.propose(reqs[:1]) == [[9, 8, 7, 6]]
@@ -48,7 +48,15 @@ def test_rejected_first_tokens_stop_drafts_at_a_large_batch_only():
     assert ctl._state["r0"].first_chance() < min_chance(16)
     drafts = ctl.propose(reqs)
     assert drafts[0] == [] and all(d == [9, 8, 7, 6] for d in drafts[1:])
-    assert ctl.propose(reqs[:1]) == [[9, 8, 7, 6]]  # alone, the same chance pays
+    assert ctl.propose(reqs[1:3]) == [[9, 8, 7, 6]] * 2  # two rows: the prior still pays
+    # Alone, a verify step leaves the one-call decode path: an unlikely draft needs a strong match.
+    assert ctl._state["r0"].first_chance() < ONE_ROW_CHANCE
+    assert ctl.propose(reqs[:1]) == [[]]
+    strong = _req("s", [1, 2, 3, 4, 5, 6, 9, 8, 7, 6, 15, 1, 2, 3, 4, 5, 6])  # a 6-token repeat
+    ctl._state["s"] = ctl._state["r0"]
+    assert ctl.propose([strong]) == [[9, 8, 7, 6]]
+    ctl.one_call_decode = False  # a lone row's verify costs about its decode step (a GPU): the prior pays
+    assert ctl.propose(reqs[:1]) == [[9, 8, 7, 6]]
     ctl.cost_aware = False
     assert ctl.propose(reqs)[0] == [9, 8, 7, 6]
 

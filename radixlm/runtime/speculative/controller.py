@@ -72,6 +72,11 @@ TEXT_MIN_CHARS = 1
 OWN_EMA_WEIGHT = 0.3
 OWN_WEAK_ACCEPTANCE = 0.5
 OWN_WEAK_MAX_DRAFT = 2
+# Where a lone decoding row steps through the model in one call (the CPU's cpu_ops.decode_stack: the GEMV and
+# the bf16-read argmax head), a verify row of 1 + k tokens takes the module path and its GEMMs, ~1.7-1.9x
+# that step (docs/benchmarks.md, session 31), so a draft alone must be likely (first_chance) or a strong
+# match (STRONG_MATCH, as while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
+ONE_ROW_CHANCE = 0.35
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 
@@ -207,11 +212,12 @@ class NgramProposer:
 
 class SpecController:
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, context_len: int,
-                 stop_cut: StopCut | None = None):
+                 stop_cut: StopCut | None = None, one_call_decode: bool = False):
         self.config = config
         self.proposer = proposer
         self.context_len = context_len
         self.stop_cut = stop_cut  # None: drafts are not cut at the request's stops
+        self.one_call_decode = one_call_decode  # a lone decode row runs the model in one call (ONE_ROW_CHANCE)
         self.max_k = config.max_draft
         self.cost_aware = COST_AWARE
         self.stats = SpecStats()
@@ -232,12 +238,14 @@ class SpecController:
                 k = min(k, LARGE_BATCH_MAX_DRAFT)
             if state.first_chance() < need:
                 continue  # unlikely to be accepted at all: its verify tokens would cost more than they save
+            unlikely = (len(reqs) == 1 and self.one_call_decode and self.cost_aware
+                        and state.first_chance() < ONE_ROW_CHANCE)
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
                 copying.append(active and req.num_spec_accepted > 0 and state.acceptance >= COPYING_ACCEPTANCE
                                and not (large and state.missed))
-                if not active:
+                if not active or unlikely:
                     paused.add(req.rid)
         proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
         drafts = dict(zip((r.rid for r in chosen), proposals))

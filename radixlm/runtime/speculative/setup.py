@@ -23,4 +23,5 @@ def build_speculation(config: EngineConfig, runner, context_len: int, tokenizer=
         text_of = TokenText(tokenizer) if tokenizer is not None else None
     else:
         raise ValueError(f"unknown speculative_algorithm {spec.speculative_algorithm!r}")
-    return SpecController(spec, proposer, context_len, StopCut(eos_token_ids, text_of))
+    one_call = getattr(getattr(runner, "model", None), "decode_stack", None) is not None
+    return SpecController(spec, proposer, context_len, StopCut(eos_token_ids, text_of), one_call)
