@@ -1,6 +1,7 @@
 """Speculative decoding (NGRAM) on vs off on the real model: decode tok/s, acceptance, tokens per forward.
 
     .venv/bin/python benchmarks/bench_speculative.py [--model-path DIR] [--repeats 3] [--new 128]
+    .venv/bin/python benchmarks/bench_speculative.py --live --warmup --threads 1 --repeats 12
     .venv/bin/python benchmarks/bench_speculative.py --forward-costs      # verify-row cost vs k
 
 Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 different variants):
@@ -14,7 +15,10 @@ Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 differe
   (d) free:  free text (a story), where the prompt says little about the answer: the worst case.
 Each side (speculation on, off) runs in its own worker process, loaded once; with --rounds N the pair of
 workers runs N times, the side that starts alternating, and the median of the per-round ratios is reported
-with their range (on a shared machine load drifts between the two sides of one round). The "cpu ratio"
+with their range (on a shared machine load drifts between the two sides of one round). With --live both
+workers stay alive (--serve) and each timed run goes to one of them in turn, a pair (off, on or on, off)
+seconds apart per repeat: the drift over minutes, which --rounds only averages, cancels within each pair's
+ratio, while each side keeps its own process. The "cpu ratio"
 compares tokens per second of the worker process's CPU time (all its threads): with --threads 1 on an idle
 machine it equals the wall-clock ratio, and on a loaded one it leaves out the time other processes held the
 core (memory-bandwidth contention still counts). Per repeat the cache (and the n-gram corpus) is flushed,

@@ -34,7 +34,9 @@ def test_first_chance_follows_the_requests_first_tokens():
 
 def _controller(k=None, one_call_decode=True):
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=k)
-    return SpecController(config, NgramProposer(config), context_len=1024, one_call_decode=one_call_decode)
+    proposer = NgramProposer(config)
+    proposer.own_prior = 1.0  # these drafts are own-text repeats: their cap at a large batch is tested apart
+    return SpecController(config, proposer, context_len=1024, one_call_decode=one_call_decode)
 
 
 def test_rejected_first_tokens_stop_drafts_at_a_large_batch_and_weak_ones_alone():
