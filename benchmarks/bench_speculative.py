@@ -262,7 +262,10 @@ def live(args) -> None:
         print(f"load {os.getloadavg()[0]:.1f}")
     finally:
         for proc in workers.values():
-            proc.stdin.close()
+            try:
+                proc.stdin.close()
+            except OSError:  # a worker that died (its error is already reported)
+                pass
             proc.wait()
 
 

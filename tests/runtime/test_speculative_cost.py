@@ -108,3 +108,31 @@ def test_a_large_step_that_does_not_pay_keeps_only_the_streaks_drafts():
         ctl._state["c"].update(4, 4, 8, 0.25)
     drafts = ctl.propose(reqs)
     assert drafts[-1] == [9, 8, 7, 6, 15, 14, 13, 12] and all(d == [] for d in drafts[:-1])
+
+
+def test_a_lone_unlikely_request_asks_no_draft_model():
+    """A proposer that costs forwards (a draft model) is not asked for a lone row's unlikely draft: only a
+    strong n-gram match could be kept there, and a draft model's proposals have no match length."""
+
+    class Counting:
+        cheap = False
+
+        def __init__(self):
+            self.asked = 0
+
+        def observe(self, reqs):
+            pass
+
+        def propose(self, reqs, ks, copying, large_batch=False):
+            self.asked += 1
+            return [([9, 8], 0, None) for _ in reqs]
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
+    proposer = Counting()
+    ctl = SpecController(config, proposer, context_len=1024, one_call_decode=True)
+    req = _req("d", REPEAT)
+    assert ctl.propose([req]) == [[9, 8]] and proposer.asked == 1  # the prior: likely enough
+    for _ in range(2):
+        ctl._state["d"].update(2, 0, 2, 0.0)  # first tokens rejected
+    assert ctl.propose([req]) == [[]] and proposer.asked == 1
+    assert ctl.propose([req, _req("e", REPEAT)])[1] == [9, 8] and proposer.asked == 2  # two rows: asked

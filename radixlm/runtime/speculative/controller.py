@@ -244,6 +244,8 @@ class SpecController:
                 continue  # unlikely to be accepted at all: its verify tokens would cost more than they save
             unlikely = (len(reqs) == 1 and self.one_call_decode and self.cost_aware
                         and state.first_chance() < ONE_ROW_CHANCE)
+            if unlikely and not self.proposer.cheap:
+                continue  # a draft model's proposal costs forwards, and only a strong n-gram match would stay
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
                 ks.append(k)
