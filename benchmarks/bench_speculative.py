@@ -115,7 +115,7 @@ def run_worker(args) -> None:
     from radixlm.runtime.engine import Engine
 
     results = {}
-    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args)) as eng:
+    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args, args.side == "on")) as eng:
         for name in args.workloads:
             for batch in args.batches:
                 prompts, params = _prompts(eng.tokenizer, name, batch), _params(args, name)
@@ -132,7 +132,7 @@ def serve_worker(args) -> None:
     each line "name batch" on stdin with one timed run's result as a JSON line."""
     from radixlm.runtime.engine import Engine
 
-    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args)) as eng:
+    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args, args.side == "on")) as eng:
         if args.warmup:
             for name in args.workloads:
                 for batch in args.batches:
@@ -145,8 +145,8 @@ def serve_worker(args) -> None:
             print(json.dumps(_summary([run], int(batch))), flush=True)
 
 
-def _spec_options(args) -> dict:
-    if args.side != "on":
+def _spec_options(args, on: bool) -> dict:
+    if not on:
         return {}
     return {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": args.k,
             "speculative_min_acceptance": args.min_acceptance,
@@ -189,9 +189,7 @@ def interleaved(args) -> None:
     drifts, each ratio compares runs seconds apart instead of processes minutes apart."""
     from radixlm.runtime.engine import Engine
 
-    spec = {"speculative_algorithm": "NGRAM", "speculative_min_acceptance": args.min_acceptance,
-            "speculative_ngram_min_match": args.ngram_min_match,
-            **({"speculative_num_draft_tokens": args.k} if args.k else {})}
+    spec = _spec_options(args, on=True)
     print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  k={args.k}  new={args.new}  pairs={args.repeats}"
           f"  warmup={args.warmup}")
     print(f"{'workload':10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} {'accept':>7s} {'tok/fwd':>8s} same")

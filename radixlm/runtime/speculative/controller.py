@@ -232,7 +232,7 @@ class SpecController:
         """Draft tokens per decoding request ([] = a plain decode row); running: every running request
         (decoding or still prefilling), whose text proposals may continue."""
         self.proposer.observe(running if running is not None else reqs)
-        chosen, ks, copying, paused = [], [], [], set()
+        chosen, ks, copying, strong_only = [], [], [], set()
         large = len(reqs) >= LARGE_BATCH
         need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
@@ -251,15 +251,15 @@ class SpecController:
                 ks.append(k)
                 copying.append(active and req.num_spec_accepted > 0 and state.acceptance >= COPYING_ACCEPTANCE
                                and not (large and state.missed))
-                if not active or unlikely:
-                    paused.add(req.rid)
+                if not active or unlikely:  # paused, or alone and unlikely: only a strong match is kept
+                    strong_only.add(req.rid)
         proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
         drafts = dict(zip((r.rid for r in chosen), proposals))
         self._q.clear()
         out = []
         for req in reqs:
             draft, match, _ = drafts.get(req.rid, ([], 0, None))
-            if req.rid in paused and match < STRONG_MATCH:
+            if req.rid in strong_only and match < STRONG_MATCH:
                 draft = []
             if draft and req.grammar is not None:
                 draft = _grammar_prefix(req.grammar, draft)
