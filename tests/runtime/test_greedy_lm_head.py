@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.model.quant.cpu_caps import cpu_caps
 from radixlm.testing import hf_greedy_ids
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: the ops fall back to torch")
@@ -69,11 +70,64 @@ def test_steps_that_read_more_than_the_argmax_keep_every_logit(engine, params) -
 
 
 def test_batched_greedy_rows_match_transformers(engine, tiny_llama_dir) -> None:
-    """Steps of several rows compute every logit (the screen serves one row); a lone prefill is one row."""
-    assert _greedy(engine, PROMPTS) == hf_greedy_ids(str(tiny_llama_dir), PROMPTS, NEW)
+    """Steps of several greedy rows take the many-row head where the CPU has native bf16 (ArgmaxRows, a bf16
+    matmul screen), and every logit elsewhere; either way the tokens are transformers' and the full head's."""
+    model = engine.runner.model
+    rows_head = model.lm_head_argmax_rows
+    assert (rows_head is not None) == cpu_caps().native_bf16
+    counted = model.lm_head_argmax_rows = _Counted(rows_head) if rows_head is not None else None
+    try:
+        screened = _greedy(engine, PROMPTS)
+        if counted is not None:
+            assert counted.rows >= NEW - 1  # the decode steps of the three rows together
+        model.lm_head_argmax_rows = None
+        assert _greedy(engine, PROMPTS) == screened
+    finally:
+        model.lm_head_argmax_rows = rows_head
+    assert screened == hf_greedy_ids(str(tiny_llama_dir), PROMPTS, NEW)
+
+
+def test_batched_steps_that_read_more_than_the_argmax_keep_every_logit(engine) -> None:
+    model = engine.runner.model
+    rows_head = model.lm_head_argmax_rows
+    if rows_head is None:
+        pytest.skip("no native bf16: no many-row head")
+    counted = model.lm_head_argmax_rows = _Counted(rows_head)
+    try:
+        res = engine.generate(PROMPTS, {"max_new_tokens": NEW, "temperature": 0}, return_logprob=True)
+        _greedy(engine, PROMPTS, repetition_penalty=1.3)
+        assert counted.rows == 0
+        assert all(lp > float("-inf") for r in res for lp, *_ in r["meta_info"]["output_token_logprobs"])
+    finally:
+        model.lm_head_argmax_rows = rows_head
+
+
+def test_speculative_verify_rows_take_the_many_row_head(tiny_llama_dir) -> None:
+    """A greedy verify row reads only the argmax at each position: with NGRAM speculation its step takes the
+    many-row head, and the output is the same as with every logit computed (and as with no speculation)."""
+    prompts = ["one two three four one two three four one two", "a b c d a b c d a b c"]
+    with Engine(str(tiny_llama_dir), max_total_tokens=4096, weight_layout="packed_tiles", num_threads=2,
+                speculative_algorithm="NGRAM") as eng:
+        model = eng.runner.model
+        rows_head = model.lm_head_argmax_rows
+        if rows_head is None:
+            pytest.skip("no native bf16: no many-row head")
+        counted = model.lm_head_argmax_rows = _Counted(rows_head)
+        try:
+            screened = [_greedy(eng, [p], max_new_tokens=24)[0] for p in prompts]
+            assert eng.scheduler.spec.stats.num_verify_rows > 0 and counted.rows > 0
+            model.lm_head_argmax_rows = None
+            eng.flush_cache()
+            assert [_greedy(eng, [p], max_new_tokens=24)[0] for p in prompts] == screened
+        finally:
+            model.lm_head_argmax_rows = rows_head
+        eng.check_integrity()
+        eng.scheduler.spec = None
+        eng.flush_cache()
+        assert [_greedy(eng, [p], max_new_tokens=24)[0] for p in prompts] == screened
 
 
 @pytest.mark.parametrize("options", [{"weight_layout": "blocks"}, {"quantization": "int8"}])
 def test_other_layouts_and_int8_have_no_screened_head(tiny_llama_dir, options) -> None:
     with Engine(str(tiny_llama_dir), max_total_tokens=4096, **options) as eng:
-        assert eng.runner.model.lm_head_argmax is None
+        assert eng.runner.model.lm_head_argmax is None and eng.runner.model.lm_head_argmax_rows is None

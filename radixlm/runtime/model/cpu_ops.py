@@ -14,7 +14,9 @@ The modules hold the ops namespace as an attribute (`native`) rather than lookin
 and TorchAttentionBackend(ops) runs decode rows with the paged decode attention. Once the KV pool exists,
 decode_stack() gives the model every layer of a one-token step as one call (csrc/decode_stack.cpp). With the
 packed_tiles layout the model also gets an ArgmaxHead: the LM head of a one-row step that only wants the
-argmax, read as bf16 with f32_linear's exact result (csrc/argmax_head.cpp).
+argmax, read as bf16 with f32_linear's exact result (csrc/argmax_head.cpp); and, where the CPU multiplies
+bf16 natively, an ArgmaxRows: the same for a step of several such rows (a batch's greedy decode rows, a
+greedy verify row's positions), screened by a bf16 matmul.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.runtime.model.quant.cpu_caps import cpu_caps
 from radixlm.runtime.model.quant.kernels import Int8Weight, quant_linear
 from radixlm.runtime.model.weight_layout import PackedRows, Tiles, blocked_linear, packed_linear
 
@@ -50,6 +53,7 @@ def apply_cpu_ops(model: nn.Module, ops) -> None:
         layer.native = ops
     model.norm.native = ops
     model.lm_head_argmax = argmax_head(model, ops)
+    model.lm_head_argmax_rows = argmax_rows_head(model, ops)
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +79,39 @@ def argmax_head(model: nn.Module, ops) -> ArgmaxHead | None:
         return None
     screen, coef = ops.argmax_screen(tiles.data, tiles.out_features)
     return ArgmaxHead(tiles, screen, coef, ops.argmax_linear)
+
+
+@dataclass(frozen=True, eq=False)
+class ArgmaxRows:
+    """The LM head for several rows whose tokens are the argmax of their raw logits. With many rows the
+    head is bound by its arithmetic: a bf16 x bf16 matmul (oneDNN, ~2x fp32's rate where bf16 is native)
+    screens every logit, and each row's candidates get f32_linear's exact logits, -inf elsewhere
+    (csrc/argmax_head.cpp argmax_rows): each row's result is the same bits as the one-row head's."""
+
+    tiles: Tiles
+    screen: torch.Tensor  # the head as bf16, oneDNN-packed
+    coef: torch.Tensor  # fp32 [out]: argmax_screen's bound per unit of ||x||
+    wnorm: torch.Tensor  # fp32 [out]: each row's norm, rounded up
+    op: Callable[..., torch.Tensor]  # the build's argmax_rows
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        screened = torch.ops.mkldnn._linear_pointwise(h.to(torch.bfloat16), self.screen, None, "none", [], "")
+        return self.op(h, screened, self.tiles.data, self.coef, self.wnorm, self.tiles.out_features)
+
+
+def argmax_rows_head(model: nn.Module, ops) -> ArgmaxRows | None:
+    """An ArgmaxRows beside the one-row ArgmaxHead, where the CPU multiplies bf16 natively (elsewhere oneDNN
+    emulates bf16 through fp32, slower than the fp32 head itself). Keeps a bf16 copy of the head (half
+    its fp32 bytes)."""
+    one_row = model.lm_head_argmax
+    if one_row is None or not cpu_caps().native_bf16 or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return None
+    dense = model.lm_head_matmul.packed.to_dense()  # oneDNN's copy back in [out, in] (the exact values)
+    norms = torch.linalg.vector_norm(dense.double(), dim=1)
+    wnorm = norms.float()
+    wnorm = torch.where(wnorm.double() < norms, torch.nextafter(wnorm, torch.tensor(float("inf"))), wnorm)
+    screen = torch.ops.mkldnn._reorder_linear_weight(dense.to(torch.bfloat16))
+    return ArgmaxRows(one_row.tiles, screen, one_row.coef, wnorm, ops.argmax_rows)
 
 
 @dataclass(frozen=True)

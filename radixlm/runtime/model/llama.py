@@ -171,6 +171,8 @@ class CausalLM(nn.Module):
         # Compiled CPU ops: the LM head of a one-row step that wants only the argmax (cpu_ops.ArgmaxHead);
         # None: every logit is computed.
         self.lm_head_argmax = None
+        # ... and of a step of several such rows (cpu_ops.ArgmaxRows); None: every logit is computed.
+        self.lm_head_argmax_rows = None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
@@ -205,6 +207,8 @@ class CausalLM(nn.Module):
         """h [N, hidden] (after the final norm) -> logits [N, V] (fp32)."""
         if argmax_only and h.shape[0] == 1 and self.lm_head_argmax is not None:
             return self.lm_head_argmax(h)
+        if argmax_only and h.shape[0] > 1 and self.lm_head_argmax_rows is not None:
+            return self.lm_head_argmax_rows(h)
         head = self.lm_head_matmul
         if h.shape[0] == 1 and self.lm_head_single_row is not None:
             head = self.lm_head_single_row

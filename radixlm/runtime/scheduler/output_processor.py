@@ -73,8 +73,9 @@ class OutputProcessor:
                 plan.sample.append((i, len(indices)))
                 indices.append(batch.token_index(i, row.end - 1))
         plan.indices = torch.tensor(indices, dtype=torch.int64)
-        plan.argmax_only = (bool(plan.sample) and not plan.prompt and not plan.verify
-                            and all(_argmax_only(batch.rows[i].req) for i, _ in plan.sample))
+        # A greedy verify row reads only the argmax at each of its positions (_verify), as a decode row does.
+        plan.argmax_only = (bool(plan.sample or plan.verify) and not plan.prompt
+                            and all(_argmax_only(batch.rows[i].req) for i, _ in plan.sample + plan.verify))
         if plan.sample:
             plan.masks = self.grammar.masks([batch.rows[i].req for i, _ in plan.sample], self.sampler.vocab_size,
                                             batch.input_ids.device)
