@@ -164,7 +164,7 @@ inline uint16_t bf16_floor_bits(float v) {
   std::memcpy(&u, &v, 4);
   uint16_t hi = uint16_t(u >> 16);
   if ((u & 0xFFFF) && (u >> 31)) ++hi;  // negative: truncating rounds toward zero, i.e. up
-  return hi;
+  return hi == 0 ? uint16_t(0x8000) : hi;  // +0 -> -0, whose key is below +0's: a -0 logit is >= +0 too
 }
 
 struct RowScan {
