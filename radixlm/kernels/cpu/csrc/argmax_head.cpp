@@ -67,6 +67,17 @@ std::tuple<at::Tensor, at::Tensor> argmax_screen(const at::Tensor& packed, int64
   return {screen, coef};
 }
 
+// y[o] for the outputs o of the given blocks: f32_linear's own tile at one row (its exact logits).
+void exact_blocks(const float* x, int64_t kp, const float* w, int64_t n, const std::vector<int64_t>& blocks,
+                  float* y) {
+  float out[NM][NR];
+  for (int64_t b : blocks) {
+    tile<float, 1>(x, kp, w + b * NR * kp, kp, out);
+    const int64_t o = b * NR, nr = std::min<int64_t>(NR, n - o);
+    for (int64_t r = 0; r < nr; ++r) y[o + r] = out[0][r];
+  }
+}
+
 }  // namespace
 
 namespace rlm {
@@ -122,12 +133,7 @@ at::Tensor argmax_linear(const at::Tensor& x, const at::Tensor& packed, const at
   auto y = at::full({1, n}, -std::numeric_limits<float>::infinity(), x.options());
   float* yv = y.data_ptr<float>();
   const float* w = packed.data_ptr<float>();
-  float out[NM][NR];
-  for (int64_t b : candidates) {  // f32_linear's own tile at one row: its exact logits
-    tile<float, 1>(xv, kp, w + b * NR * kp, kp, out);
-    const int64_t o = b * NR, nr = std::min<int64_t>(NR, n - o);
-    for (int64_t r = 0; r < nr; ++r) yv[o + r] = out[0][r];
-  }
+  exact_blocks(xv, kp, w, n, candidates, yv);
   return y;
 }
 
@@ -255,7 +261,6 @@ at::Tensor argmax_rows(const at::Tensor& x, const at::Tensor& screened, const at
   const float small = std::ldexp(1.0f, -100), out_rel = std::ldexp(1.0f, -7), margin = 1.0f + std::ldexp(1.0f, -10);
   at::parallel_for(0, rows, 1, [&](int64_t m0, int64_t m1) {
     std::vector<int64_t> candidates;
-    float out[NM][NR];
     for (int64_t m = m0; m < m1; ++m) {
       const float* xr = xv + m * kp;
       const uint16_t* s = sb + m * n;
@@ -279,11 +284,7 @@ at::Tensor argmax_rows(const at::Tensor& x, const at::Tensor& screened, const at
         for (int64_t b = 0; b < blocks; ++b) candidates[b] = b;
       }
       std::fill_n(yr, n, -std::numeric_limits<float>::infinity());
-      for (int64_t b : candidates) {
-        tile<float, 1>(xr, kp, w + b * NR * kp, kp, out);
-        const int64_t o = b * NR, nr = std::min<int64_t>(NR, n - o);
-        for (int64_t r = 0; r < nr; ++r) yr[o + r] = out[0][r];
-      }
+      exact_blocks(xr, kp, w, n, candidates, yr);
     }
   });
   return y;
