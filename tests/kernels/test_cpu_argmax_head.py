@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from radixlm.kernels.cpu import reference
+from radixlm.runtime.model.cpu_ops import row_norms_up
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: the ops fall back to torch")
 
@@ -92,10 +93,7 @@ def test_bad_input_is_a_clear_error(ops) -> None:
 
 def rows_head(ops, w: torch.Tensor):
     packed, _, coef = head(ops, w)
-    wnorm = torch.linalg.vector_norm(w.double(), dim=1)
-    rounded = wnorm.float()
-    wnorm = torch.where(rounded.double() < wnorm, torch.nextafter(rounded, torch.tensor(float("inf"))), rounded)
-    return packed, coef, wnorm
+    return packed, coef, row_norms_up(w)
 
 
 def bf16_screen(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

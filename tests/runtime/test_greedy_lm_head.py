@@ -6,6 +6,7 @@ outputs stay token-identical to transformers and to the full head; steps that re
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 
 import pytest
 
@@ -27,6 +28,17 @@ class _Counted:
     def __call__(self, h):
         self.rows += 1
         return self.head(h)
+
+
+@contextmanager
+def _counting_rows_head(model):
+    """The model's many-row head wrapped to count its calls (None where it has none), restored after."""
+    head = model.lm_head_argmax_rows
+    model.lm_head_argmax_rows = _Counted(head) if head is not None else None
+    try:
+        yield model.lm_head_argmax_rows
+    finally:
+        model.lm_head_argmax_rows = head
 
 
 @pytest.fixture(scope="module")
@@ -73,33 +85,24 @@ def test_batched_greedy_rows_match_transformers(engine, tiny_llama_dir) -> None:
     """Steps of several greedy rows take the many-row head where the CPU has native bf16 (ArgmaxRows, a bf16
     matmul screen), and every logit elsewhere; either way the tokens are transformers' and the full head's."""
     model = engine.runner.model
-    rows_head = model.lm_head_argmax_rows
-    assert (rows_head is not None) == cpu_caps().native_bf16
-    counted = model.lm_head_argmax_rows = _Counted(rows_head) if rows_head is not None else None
-    try:
+    assert (model.lm_head_argmax_rows is not None) == cpu_caps().native_bf16
+    with _counting_rows_head(model) as counted:
         screened = _greedy(engine, PROMPTS)
         if counted is not None:
             assert counted.rows >= NEW - 1  # the decode steps of the three rows together
         model.lm_head_argmax_rows = None
         assert _greedy(engine, PROMPTS) == screened
-    finally:
-        model.lm_head_argmax_rows = rows_head
     assert screened == hf_greedy_ids(str(tiny_llama_dir), PROMPTS, NEW)
 
 
 def test_batched_steps_that_read_more_than_the_argmax_keep_every_logit(engine) -> None:
-    model = engine.runner.model
-    rows_head = model.lm_head_argmax_rows
-    if rows_head is None:
-        pytest.skip("no native bf16: no many-row head")
-    counted = model.lm_head_argmax_rows = _Counted(rows_head)
-    try:
+    with _counting_rows_head(engine.runner.model) as counted:
+        if counted is None:
+            pytest.skip("no native bf16: no many-row head")
         res = engine.generate(PROMPTS, {"max_new_tokens": NEW, "temperature": 0}, return_logprob=True)
         _greedy(engine, PROMPTS, repetition_penalty=1.3)
         assert counted.rows == 0
         assert all(lp > float("-inf") for r in res for lp, *_ in r["meta_info"]["output_token_logprobs"])
-    finally:
-        model.lm_head_argmax_rows = rows_head
 
 
 def test_speculative_verify_rows_take_the_many_row_head(tiny_llama_dir) -> None:
@@ -109,18 +112,14 @@ def test_speculative_verify_rows_take_the_many_row_head(tiny_llama_dir) -> None:
     with Engine(str(tiny_llama_dir), max_total_tokens=4096, weight_layout="packed_tiles", num_threads=2,
                 speculative_algorithm="NGRAM") as eng:
         model = eng.runner.model
-        rows_head = model.lm_head_argmax_rows
-        if rows_head is None:
-            pytest.skip("no native bf16: no many-row head")
-        counted = model.lm_head_argmax_rows = _Counted(rows_head)
-        try:
+        with _counting_rows_head(model) as counted:
+            if counted is None:
+                pytest.skip("no native bf16: no many-row head")
             screened = [_greedy(eng, [p], max_new_tokens=24)[0] for p in prompts]
             assert eng.scheduler.spec.stats.num_verify_rows > 0 and counted.rows > 0
             model.lm_head_argmax_rows = None
             eng.flush_cache()
             assert [_greedy(eng, [p], max_new_tokens=24)[0] for p in prompts] == screened
-        finally:
-            model.lm_head_argmax_rows = rows_head
         eng.check_integrity()
         eng.scheduler.spec = None
         eng.flush_cache()

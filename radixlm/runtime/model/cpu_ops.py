@@ -107,11 +107,15 @@ def argmax_rows_head(model: nn.Module, ops) -> ArgmaxRows | None:
     if one_row is None or not cpu_caps().native_bf16 or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None
     dense = model.lm_head_matmul.packed.to_dense()  # oneDNN's copy back in [out, in] (the exact values)
-    norms = torch.linalg.vector_norm(dense.double(), dim=1)
-    wnorm = norms.float()
-    wnorm = torch.where(wnorm.double() < norms, torch.nextafter(wnorm, torch.tensor(float("inf"))), wnorm)
     screen = torch.ops.mkldnn._reorder_linear_weight(dense.to(torch.bfloat16))
-    return ArgmaxRows(one_row.tiles, screen, one_row.coef, wnorm, ops.argmax_rows)
+    return ArgmaxRows(one_row.tiles, screen, one_row.coef, row_norms_up(dense), ops.argmax_rows)
+
+
+def row_norms_up(w: torch.Tensor) -> torch.Tensor:
+    """Each row's Euclidean norm as fp32, rounded up (never below the exact norm: ArgmaxRows' bound)."""
+    norms = torch.linalg.vector_norm(w.double(), dim=1)
+    rounded = norms.float()
+    return torch.where(rounded.double() < norms, torch.nextafter(rounded, torch.tensor(float("inf"))), rounded)
 
 
 @dataclass(frozen=True)
