@@ -77,6 +77,41 @@ def test_paged_decode_rejects_slots_outside_the_pool(ops) -> None:
         ops.paged_decode_attention(torch.randn(1, 1, 4), k, v, table, torch.tensor([0]), torch.tensor([3]), 0.5)
 
 
+def _extend_batch(hq: int, hkv: int, d: int, prefix: list[int], new: list[int], g: torch.Generator):
+    """Rows of new tokens after cached prefixes over a scattered pool, and the same tokens as decode rows
+    (token j of row r: its row's first prefix + j + 1 slots)."""
+    k, v, req_to_token, req_rows, _ = _pool(len(prefix), hkv, d, [p + n for p, n in zip(prefix, new)], g)
+    q = torch.randn(sum(new), hq, d, generator=g) * 2
+    rows = req_rows.repeat_interleave(torch.tensor(new))
+    lens = torch.tensor([p + j + 1 for p, n in zip(prefix, new) for j in range(n)])
+    return q, k, v, req_to_token, req_rows, torch.tensor(prefix), torch.tensor(new), rows, lens
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 32), (6, 2, 20), (8, 1, 128), (16, 2, 64)])
+@pytest.mark.parametrize("prefix,new", [([1], [1]), ([37], [5]), ([300, 2, 64, 9], [9, 17, 1, 4])])
+def test_paged_extend_attention_is_each_token_as_a_decode_row(ops, hq, hkv, d, prefix, new) -> None:
+    """Bit for bit the tokenwise decode rows (a verify token's attention does not depend on how many of its
+    row's tokens are verified with it), and SDPA's causal extend attention up to rounding."""
+    g = torch.Generator().manual_seed(sum(prefix) + hq + d)
+    q, k, v, table, req_rows, prefix_lens, extend_lens, rows, lens = _extend_batch(hq, hkv, d, prefix, new, g)
+    got = ops.paged_extend_attention(q, k, v, table, req_rows, prefix_lens, extend_lens, d**-0.5)
+    assert torch.equal(got, ops.paged_decode_attention(q, k, v, table, rows, lens, d**-0.5))
+    want = reference.paged_extend_attention(q, k, v, table, req_rows, prefix_lens, extend_lens, d**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_extend_attention_rejects_bad_rows(ops) -> None:
+    g = torch.Generator().manual_seed(5)
+    q, k, v, table, req_rows, prefix_lens, extend_lens, *_ = _extend_batch(9, 3, 64, [10, 4], [3, 2], g)
+    with pytest.raises(RuntimeError, match="q has 4 tokens, the rows 5"):
+        ops.paged_extend_attention(q[:4].clone(), k, v, table, req_rows, prefix_lens, extend_lens, 0.125)
+    with pytest.raises(RuntimeError, match="bad request index or length"):
+        ops.paged_extend_attention(q, k, v, table, req_rows, prefix_lens, torch.tensor([3, 0]), 0.125)
+    table[req_rows[1], 5] = 10**6
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        ops.paged_extend_attention(q, k, v, table, req_rows, prefix_lens, extend_lens, 0.125)
+
+
 @pytest.mark.parametrize("t,inter", [(1, 1536), (5, 37)])
 def test_silu_mul_matches_torch(ops, t: int, inter: int) -> None:
     """fast_exp is ~1 ulp, not Sleef's: close to torch, not bit-identical."""

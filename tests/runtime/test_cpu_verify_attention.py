@@ -1,5 +1,5 @@
-"""Speculative verify steps on the compiled CPU ops (layers/attention.py tokenwise_plan): each new token of a
-short extend row attends as a decode row of the paged decode attention over the pool, after rope_store_kv
+"""Speculative verify steps on the compiled CPU ops (layers/attention.py short_extend): each new token of a
+short extend row attends over the pool as a decode row would (paged_extend_attention), after rope_store_kv
 stored the row's K/V. The same attention as the torch extend path; prefill rows keep the torch path; greedy
 outputs stay identical with speculation on and off."""
 
@@ -13,8 +13,7 @@ import torch
 from radixlm.kernels.cpu import load
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.forward import AttentionMetadata
-from radixlm.runtime.model.layers import attention
-from radixlm.runtime.model.layers.attention import MAX_TOKENWISE_EXTEND, TorchAttentionBackend, tokenwise_plan
+from radixlm.runtime.model.layers.attention import MAX_TOKENWISE_EXTEND, TorchAttentionBackend, short_extend
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler: the ops fall back to torch")
 
@@ -43,17 +42,16 @@ def _meta(prefix: list[int], new: list[int], slots: int = 256) -> tuple[Attentio
     return meta, torch.Generator().manual_seed(1)
 
 
-def test_the_plan_covers_short_extends_with_a_prefix_only() -> None:
-    meta, _ = _meta([5, 9], [3, 1])
-    rows, lens = tokenwise_plan(meta)
-    assert rows.tolist() == [1, 1, 1, 2] and lens.tolist() == [6, 7, 8, 10]  # each token's position + 1
-    assert tokenwise_plan(_meta([5, 9], [1, 1])[0]) is None  # a decode batch: decode_stored
-    assert tokenwise_plan(_meta([5, 0], [3, 2])[0]) is None  # a fresh prompt: prefill
-    assert tokenwise_plan(_meta([5, 4], [3, MAX_TOKENWISE_EXTEND + 1])[0]) is None  # a long chunk: prefill
+def test_short_extends_with_a_prefix_only_take_the_compiled_path() -> None:
+    assert short_extend(_meta([5, 9], [3, 1])[0])
+    assert short_extend(_meta([5, 4], [3, MAX_TOKENWISE_EXTEND])[0])
+    assert not short_extend(_meta([5, 9], [1, 1])[0])  # a decode batch: decode_stored
+    assert not short_extend(_meta([5, 0], [3, 2])[0])  # a fresh prompt: prefill
+    assert not short_extend(_meta([5, 4], [3, MAX_TOKENWISE_EXTEND + 1])[0])  # a long chunk: prefill
 
 
 @needs_compiler
-def test_tokenwise_attention_equals_the_torch_extend_path() -> None:
+def test_short_extend_attention_equals_the_torch_extend_path() -> None:
     ops = load()
     meta, gen = _meta([7, 20, 3], [5, 1, 9])
     T, S = sum(meta.extend_lens_list), 256
@@ -73,7 +71,7 @@ PROMPTS = ["1 2 3 4 1 2 3 4 1 2", '{"name": "Alice", "age": 3} {"name": "Bob", "
 
 
 @needs_compiler
-def test_verify_steps_run_tokenwise_and_greedy_equals_plain(tiny_llama_dir, monkeypatch) -> None:
+def test_verify_steps_take_the_compiled_path_and_greedy_equals_plain(tiny_llama_dir, monkeypatch) -> None:
     calls = []
     extend = TorchAttentionBackend.extend_stored
     monkeypatch.setattr(TorchAttentionBackend, "extend_stored", lambda *a: calls.append(1) or extend(*a))

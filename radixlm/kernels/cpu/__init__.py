@@ -10,7 +10,8 @@ weight_layout.py take the GEMVs).
   csrc/norm.cpp          rms_norm, and add_rms_norm (residual += x in place, then RMSNorm)
   csrc/attention.cpp     rope_store_kv (rotary of q and k from the fused qkv output, k and v stored into the
                          KV pool slots; returns q), paged_decode_attention (one query a row, K/V read through
-                         req_to_token, no gather)
+                         req_to_token, no gather), paged_extend_attention (a few new tokens a row, causal, each
+                         with a decode row's bits)
   csrc/activation.cpp    silu_mul (silu(gate) * up of the fused gate/up output)
   csrc/decode_layer.cpp  decode_layer (a one-token decode step of a Llama-family layer, the ops above and its
                          four matmuls chained in C++)

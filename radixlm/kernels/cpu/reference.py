@@ -51,6 +51,26 @@ def paged_decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Te
     return out
 
 
+def paged_extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                           req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor, scale: float
+                           ) -> torch.Tensor:
+    """q [T, Hq, D], the new tokens of each row in turn; token j of row r attends causally to its row's first
+    prefix_lens[r] + j + 1 slots (SDPA per row with a bottom-right causal mask)."""
+    out = torch.empty_like(q)
+    start = 0
+    for r in range(req_rows.shape[0]):
+        p, n = int(prefix_lens[r]), int(extend_lens[r])
+        slots = req_to_token[int(req_rows[r]), : p + n]
+        k = k_buf.index_select(0, slots).transpose(0, 1)[None]  # [1, Hkv, p + n, D]
+        v = v_buf.index_select(0, slots).transpose(0, 1)[None]
+        mask = torch.ones(n, p + n, dtype=torch.bool).tril(diagonal=p)
+        o = F.scaled_dot_product_attention(q[start : start + n].transpose(0, 1)[None], k, v, attn_mask=mask,
+                                           scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+        out[start : start + n] = o[0].transpose(0, 1)
+        start += n
+    return out
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [T, 2I] (gate columns first)."""
     gate, up = gate_up.chunk(2, dim=-1)

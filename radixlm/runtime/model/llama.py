@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.runtime.forward import AttentionMetadata
-from radixlm.runtime.model.layers.attention import AttentionBackend, KVPoolLike, tokenwise_plan
+from radixlm.runtime.model.layers.attention import AttentionBackend, KVPoolLike, short_extend
 from radixlm.runtime.model.layers.norm import RMSNorm
 from radixlm.runtime.model.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_one
 
@@ -72,12 +72,12 @@ class Attention(nn.Module):
                 backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
         d = self.d
         qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
-        if self.native is not None and (meta.is_decode or tokenwise_plan(meta) is not None):
+        if self.native is not None and (meta.is_decode or short_extend(meta)):
             q = self.native.rope_store_kv(qkv, *rope, kv_pool.k_buffer[self.layer_id], kv_pool.v_buffer[self.layer_id],
                                           meta.out_cache_loc, d.num_heads, d.num_kv_heads)
             if meta.is_decode:
                 o = backend.decode_stored(q, self.layer_id, kv_pool, meta)
-            else:  # a verify step: each of a row's tokens attends as a decode row (attention.tokenwise_plan)
+            else:  # a verify step: each of a row's tokens attends as a decode row (attention.short_extend)
                 o = backend.extend_stored(q, self.layer_id, kv_pool, meta)
             return self.linear(o.reshape(-1, self.q_size), self.o_weight)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)

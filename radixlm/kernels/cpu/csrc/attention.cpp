@@ -123,11 +123,6 @@ void attend_group(const float* q, const float* k_base, const float* v_base, cons
   }
 }
 
-// attend_group for a head size of W * C and at most 8 query heads a KV head (all common models), written
-// with GCC vector types of the build's width W (16 floats with AVX-512, 8 with AVX2: wider generic vectors
-// are split badly on AVX2), so that q, each K/V row and the output accumulators stay in registers (the
-// generic loops above keep them in memory: ~3x slower). Same two passes; the dot products are summed in
-// W lanes, then halved (a fixed order for every row, not the generic loops' order).
 #ifdef __AVX512F__
 constexpr int W = 16;
 #else
@@ -205,18 +200,39 @@ inline float lane_sum(const float* s, int64_t n) {
   return sum;
 }
 
+// Software prefetch of the K or V rows of n slots (their slots are anywhere in the pool: the hardware
+// prefetchers do not follow them).
+inline void prefetch_rows(const float* base, const int64_t* slots, int64_t stride, int64_t d, int n = 4) {
+  for (int t = 0; t < n; ++t)
+    for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(base + slots[t] * stride + i);
+}
+
+// attend_group for a head size of W * C and at most kMaxGroup queries that share one KV head, written
+// with GCC vector types of the build's width W (16 floats with AVX-512, 8 with AVX2: wider generic vectors
+// are split badly on AVX2), so that q, each K/V row and the output accumulators stay in registers (the
+// generic loops above keep them in memory: ~3x slower). Same two passes; the dot products are summed in
+// W lanes, then halved (a fixed order for every row, not the generic loops' order). Query i attends to
+// the first lens[i] slots, lens ascending: a decode row's G heads all see the row (one length); an extend
+// row's new tokens each see the tokens up to their own (paged_extend_attention: several tokens' heads in
+// one call, so each K and V row is read once for all of them). A query's arithmetic depends only on its
+// own length (hsum4's score bits are hsum's, its softmax runs over its own scores, V is summed over its
+// own keys in order), so a token of an extend row gets the bits it gets as a decode row.
 template <int C>
-void attend_group_vec(const float* q, const float* k_base, const float* v_base, const int64_t* slots, int64_t L,
-                      int64_t stride, int64_t G, float scale, float* scores, float* out) {
+void attend_vec(const float* const* qs, float* const* outs, const int64_t* lens, int64_t NQ,
+                const float* k_base, const float* v_base, const int64_t* slots, int64_t stride, float scale,
+                float* scores) {
   constexpr int64_t d = W * C;
+  const int64_t L = lens[NQ - 1], L0 = lens[0];
   vec qv[kMaxGroup][C], acc[kMaxGroup][C];
-  for (int64_t g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) qv[g][c] = loadv(q + g * d + W * c);
+  for (int64_t g = 0; g < NQ; ++g)
+    for (int c = 0; c < C; ++c) qv[g][c] = loadv(qs[g] + W * c);
   int64_t j = 0;
-  for (; j + 4 <= L; j += 4) {  // four keys at a time: their four sums reduced together (hsum4)
+  for (; j + 4 <= L; j += 4) {
     const float* k[4];
     for (int t = 0; t < 4; ++t) k[t] = k_base + slots[j + t] * stride;
-    for (int64_t g = 0; g < G; ++g) {
+    if (j + 12 <= L) prefetch_rows(k_base, slots + j + 8, stride, d);
+    for (int64_t g = 0; g < NQ; ++g) {
+      if (j >= lens[g]) continue;
       vec a[4];
       for (int t = 0; t < 4; ++t) {
         a[t] = qv[g][0] * loadv(k[t]);
@@ -228,34 +244,47 @@ void attend_group_vec(const float* q, const float* k_base, const float* v_base, 
   }
   for (; j < L; ++j) {
     const float* k = k_base + slots[j] * stride;
-    for (int64_t g = 0; g < G; ++g) {
+    for (int64_t g = 0; g < NQ; ++g) {
+      if (j >= lens[g]) continue;
       vec a = qv[g][0] * loadv(k);
       for (int c = 1; c < C; ++c) a += qv[g][c] * loadv(k + W * c);
       scores[g * L + j] = hsum(a) * scale;
     }
   }
   float sums[kMaxGroup];
-  for (int64_t g = 0; g < G; ++g) {
+  for (int64_t g = 0; g < NQ; ++g) {
     float* sg = scores + g * L;
-    const float m = row_max(sg, L);
-    for (int64_t j = 0; j < L; ++j) sg[j] = rlm::fast_exp(sg[j] - m);
-    sums[g] = lane_sum(sg, L);
+    const int64_t n = lens[g];
+    const float m = row_max(sg, n);
+    for (int64_t i = 0; i < n; ++i) sg[i] = rlm::fast_exp(sg[i] - m);
+    sums[g] = lane_sum(sg, n);
     for (int c = 0; c < C; ++c) acc[g][c] = vec{};
   }
-  for (int64_t j = 0; j < L; ++j) {
+  for (j = 0; j < L0; ++j) {  // keys every query sees
     const float* v = v_base + slots[j] * stride;
+    if (j + 8 < L) prefetch_rows(v_base, slots + j + 8, stride, d, 1);
     vec vv[C];
     for (int c = 0; c < C; ++c) vv[c] = loadv(v + W * c);
-    for (int64_t g = 0; g < G; ++g) {
+    for (int64_t g = 0; g < NQ; ++g) {
       const float p = scores[g * L + j];
       for (int c = 0; c < C; ++c) acc[g][c] += p * vv[c];
     }
   }
-  for (int64_t g = 0; g < G; ++g) {
+  for (; j < L; ++j) {  // the row's new keys: each query sees those before it
+    const float* v = v_base + slots[j] * stride;
+    vec vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = loadv(v + W * c);
+    for (int64_t g = 0; g < NQ; ++g) {
+      if (j >= lens[g]) continue;
+      const float p = scores[g * L + j];
+      for (int c = 0; c < C; ++c) acc[g][c] += p * vv[c];
+    }
+  }
+  for (int64_t g = 0; g < NQ; ++g) {
     const float inv = 1.0f / sums[g];
     for (int c = 0; c < C; ++c) {
       const vec o = acc[g][c] * inv;
-      std::memcpy(out + g * d + W * c, &o, sizeof o);
+      std::memcpy(outs[g] + W * c, &o, sizeof o);
     }
   }
 }
@@ -263,10 +292,20 @@ void attend_group_vec(const float* q, const float* k_base, const float* v_base, 
 // The fast path where it applies (head sizes 64 and 128), else the generic loops.
 void attend(const float* q, const float* k_base, const float* v_base, const int64_t* slots, int64_t L,
             int64_t stride, int64_t d, int64_t G, float scale, float* scores, float* out) {
-  if (G <= kMaxGroup && d == 64) return attend_group_vec<64 / W>(q, k_base, v_base, slots, L, stride, G, scale, scores, out);
-  if (G <= kMaxGroup && d == 128) return attend_group_vec<128 / W>(q, k_base, v_base, slots, L, stride, G, scale, scores, out);
+  if (G <= kMaxGroup && (d == 64 || d == 128)) {
+    const float* qs[kMaxGroup];
+    float* outs[kMaxGroup];
+    int64_t lens[kMaxGroup];
+    for (int64_t g = 0; g < G; ++g) qs[g] = q + g * d, outs[g] = out + g * d, lens[g] = L;
+    if (d == 64) return attend_vec<64 / W>(qs, outs, lens, G, k_base, v_base, slots, stride, scale, scores);
+    return attend_vec<128 / W>(qs, outs, lens, G, k_base, v_base, slots, stride, scale, scores);
+  }
   attend_group(q, k_base, v_base, slots, L, stride, d, G, scale, scores, out);
 }
+
+// Queries a pass of attend_vec takes (whole tokens of G heads): its q and accumulators stay in
+// registers up to about this many.
+constexpr int64_t kTokenQueries = 6;
 
 }  // namespace
 
@@ -319,6 +358,84 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_buf, 
   return out;
 }
 
+// q [T, Hq, D]: the new tokens of R extend rows, row r's extend_lens[r] tokens after the previous rows';
+// token t of row r attends to slots req_to_token[req_rows[r], :prefix_lens[r] + t + 1] (its K/V and those
+// before it already stored): the tokenwise decode rows of paged_decode_attention, with the same bits,
+// each row's K/V read once for several of its tokens. -> [T, Hq, D].
+at::Tensor paged_extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                                  const at::Tensor& req_to_token, const at::Tensor& req_rows,
+                                  const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale) {
+  const char* op = "paged_extend_attention";
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k_buf, &v_buf}) check_f32(*t, op, "q and the pool buffers");
+  check_i64(req_rows, op, "req_rows");
+  check_i64(prefix_lens, op, "prefix_lens");
+  check_i64(extend_lens, op, "extend_lens");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kLong && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
+              op, ": req_to_token must be int64 [R, C] with contiguous rows");
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && k_buf.size(2) == q.size(2) && v_buf.sizes() == k_buf.sizes(),
+              op, ": q [T, Hq, D] and pool buffers [S, Hkv, D] disagree");
+  const int64_t R = req_rows.size(0), hq = q.size(1), d = q.size(2), hkv = k_buf.size(1);
+  TORCH_CHECK(hq % hkv == 0, op, ": ", hq, " query heads are not a multiple of ", hkv, " KV heads");
+  TORCH_CHECK(prefix_lens.size(0) == R && extend_lens.size(0) == R, op, ": prefix_lens and extend_lens need one entry a row");
+  const int64_t *rp = req_rows.data_ptr<int64_t>(), *pp = prefix_lens.data_ptr<int64_t>(), *ep = extend_lens.data_ptr<int64_t>();
+  const int64_t* table = req_to_token.data_ptr<int64_t>();
+  const int64_t rstride = req_to_token.stride(0), slots_n = k_buf.size(0);
+  std::vector<int64_t> start(R + 1, 0);
+  int64_t max_len = 1, max_new = 1;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t len = pp[r] + ep[r];
+    TORCH_CHECK(rp[r] >= 0 && rp[r] < req_to_token.size(0) && pp[r] >= 0 && ep[r] >= 1 && len <= req_to_token.size(1),
+                op, ": row ", r, " has a bad request index or length");
+    const int64_t* s = table + rp[r] * rstride;
+    for (int64_t j = 0; j < len; ++j)
+      TORCH_CHECK(s[j] >= 0 && s[j] < slots_n, op, ": slot ", s[j], " is outside the pool");
+    start[r + 1] = start[r] + ep[r];
+    max_len = std::max(max_len, len);
+    max_new = std::max(max_new, ep[r]);
+  }
+  TORCH_CHECK(start[R] == q.size(0), op, ": q has ", q.size(0), " tokens, the rows ", start[R]);
+  auto out = at::empty_like(q);
+  const float *qp = q.data_ptr<float>(), *kp = k_buf.data_ptr<float>(), *vp = v_buf.data_ptr<float>();
+  float* op_ = out.data_ptr<float>();
+  const int64_t group = hq / hkv, stride = hkv * d;
+  const bool fast = group <= kMaxGroup && (d == 64 || d == 128);
+  const int64_t per_pass = fast ? std::max<int64_t>(1, kTokenQueries / group) : 1;  // tokens a pass
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, group * max_new * max_len * d));
+  // One task per (row, KV head), as paged_decode_attention's (row, KV head) of each token.
+  at::parallel_for(0, R * hkv, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(std::max(group, per_pass * group) * max_len);
+    const float* qs[kMaxGroup];
+    float* outs[kMaxGroup];
+    int64_t lens[kMaxGroup];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / hkv, kvh = task % hkv;
+      const int64_t* slots = table + rp[r] * rstride;
+      for (int64_t t0 = 0; t0 < ep[r]; t0 += per_pass) {
+        const int64_t nt = std::min(per_pass, ep[r] - t0);
+        if (!fast) {
+          const int64_t base = ((start[r] + t0) * hq + kvh * group) * d;
+          attend(qp + base, kp + kvh * d, vp + kvh * d, slots, pp[r] + t0 + 1, stride, d, group, float(scale),
+                 scores.data(), op_ + base);
+          continue;
+        }
+        int64_t nq = 0;
+        for (int64_t t = t0; t < t0 + nt; ++t)
+          for (int64_t g = 0; g < group; ++g, ++nq) {
+            const int64_t base = ((start[r] + t) * hq + kvh * group + g) * d;
+            qs[nq] = qp + base;
+            outs[nq] = op_ + base;
+            lens[nq] = pp[r] + t + 1;
+          }
+        if (d == 64)
+          attend_vec<64 / W>(qs, outs, lens, nq, kp + kvh * d, vp + kvh * d, slots, stride, float(scale), scores.data());
+        else
+          attend_vec<128 / W>(qs, outs, lens, nq, kp + kvh * d, vp + kvh * d, slots, stride, float(scale), scores.data());
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace rlm
 
 RADIXLM_OPS(m) {
@@ -328,4 +445,7 @@ RADIXLM_OPS(m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor req_rows, "
         "Tensor seq_lens, float scale) -> Tensor",
         rlm::paged_decode_attention);
+  m.def("paged_extend_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor req_rows, "
+        "Tensor prefix_lens, Tensor extend_lens, float scale) -> Tensor",
+        rlm::paged_extend_attention);
 }

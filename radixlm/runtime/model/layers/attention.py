@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from radixlm.runtime.forward import AttentionMetadata
 from radixlm.runtime.model.layers.cascade import MIN_SHARED_TOKENS, cascade_decode, shared_prefix_len
 
-# The longest extend row the compiled ops serve token by token (tokenwise_plan): a speculative verify row is
-# 1 + k tokens (k <= 8 by default). Longer rows are prefill chunks and keep one SDPA call per row (the
-# token-by-token path reads the row's K/V once per token; it was measured on verify rows only).
+# The longest extend row the compiled ops serve (short_extend): a speculative verify row is 1 + k tokens (k <= 8
+# by default). Longer rows are prefill chunks and keep one SDPA call per row (the compiled op's scores for a
+# row's tokens are computed key by key; it was measured on verify rows only).
 MAX_TOKENWISE_EXTEND = 17
 
 
@@ -79,10 +79,13 @@ class TorchAttentionBackend:
 
     def extend_stored(self, q: torch.Tensor, layer_id: int, kv_pool: KVPoolLike, meta: AttentionMetadata
                       ) -> torch.Tensor:
-        """A short-extend batch (tokenwise_plan is not None) whose new K/V are already in the pool: each new
-        token attends as its own decode row, q [T, Hq, D] -> [T, Hq, D] (compiled ops only)."""
-        return self.ops.paged_decode_attention(q.contiguous(), kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id],
-                                               meta.req_to_token, *tokenwise_plan(meta), meta.sm_scale)
+        """A short-extend batch (short_extend(meta)) whose new K/V are already in the pool: token j of row r
+        attends to its request's first prefix + j + 1 slots, as a decode row there would (the same bits),
+        q [T, Hq, D] -> [T, Hq, D] (compiled ops only)."""
+        return self.ops.paged_extend_attention(q.contiguous(), kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id],
+                                               meta.req_to_token, meta.req_pool_indices.contiguous(),
+                                               meta.prefix_lens.contiguous(), meta.extend_lens.contiguous(),
+                                               meta.sm_scale)
 
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                 meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
@@ -168,21 +171,16 @@ class TorchAttentionBackend:
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
 
 
-def tokenwise_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Per new token of an extend batch whose rows all have a cached prefix and at most MAX_TOKENWISE_EXTEND
-    new tokens (speculative verify rows): its request row and its causal length (its position + 1), so
-    that, once every new token's K/V is stored, token j of a row is a decode row over req_to_token's first
-    prefix + j + 1 slots of its request: the same keys, values and causal mask as the extend attention, no
-    gather. None for decode batches (decode_stored) and for batches with prefill rows; once per forward."""
-    plan = meta.plan_cache.get("tokenwise", False)
-    if plan is False:
-        plan = None
-        if not meta.is_decode and max(meta.extend_lens_list) <= MAX_TOKENWISE_EXTEND and min(meta.prefix_lens_list) > 0:
-            lens = [p + j + 1 for p, n in zip(meta.prefix_lens_list, meta.extend_lens_list) for j in range(n)]
-            rows = meta.req_pool_indices.repeat_interleave(meta.extend_lens)
-            plan = (rows.contiguous(), torch.tensor(lens, dtype=torch.int64, device=rows.device))
-        meta.plan_cache["tokenwise"] = plan
-    return plan
+def short_extend(meta: AttentionMetadata) -> bool:
+    """Whether an extend batch's rows all have a cached prefix and at most MAX_TOKENWISE_EXTEND new tokens
+    (speculative verify rows): the compiled ops then store the rows' K/V first and attend each new token
+    over the pool (extend_stored), no gather. False for decode batches (decode_stored) and for batches with
+    prefill rows; once per forward."""
+    short = meta.plan_cache.get("short_extend")
+    if short is None:
+        short = meta.plan_cache["short_extend"] = (not meta.is_decode and min(meta.prefix_lens_list) > 0
+                                                   and max(meta.extend_lens_list) <= MAX_TOKENWISE_EXTEND)
+    return short
 
 
 def _run_start(slots: torch.Tensor) -> int | None:
