@@ -433,3 +433,37 @@ def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
     assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole[: C.OWN_WEAK_MAX_DRAFT]
     prop.on_finish(req)
     prop.check_integrity(idle=True)
+
+
+def test_agreed_stops_where_another_occurrence_of_the_context_parts():
+    # [5, 6] occurs at 1 (-> 7, 8, 9), at 6 (-> 7, 8, 3) and at the end (the context looked up)
+    seq = [0, 5, 6, 7, 8, 9, 5, 6, 7, 8, 3, 5, 6]
+    assert NgramIndex(1, 4).agreed(seq, [7, 8, 9, 4], source=3, n=2) == 2  # the occurrence at 6 parts after 7, 8
+    assert NgramIndex(1, 4).agreed(seq, [7, 8, 3, 4], source=8, n=2) == 2  # the one at 1 parts there too
+    assert NgramIndex(1, 4).agreed(seq, [7, 8, 9, 4], source=3, n=3) == 4  # [11, 5, 6] occurs nowhere else
+    assert NgramIndex(1, 4).agreed([1, 2, 9, 1, 2], [9, 1], source=2, n=2) == 2  # no other occurrence
+    assert NgramIndex(1, 4).agreed([1, 2, 9, 1, 2, 1, 2], [9, 1], source=2, n=2) == 0  # at 5 [1, 2] -> 1: parts at once
+    assert NgramIndex(1, 4).agreed([1, 2, 9, 3, 1, 2], [9, 3, 1], source=2, n=2) == 3  # nothing else to compare
+
+
+def test_own_text_drafts_stop_where_the_text_is_ambiguous_at_a_large_batch():
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative import controller as C
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
+    prop = C.NgramProposer(config)
+    prop.own_prior = 1.0  # not capped as weak (that cap is tested above)
+    # A few-shot record [20, 21, value, 40, 41] and its answer [30, 31, 32, value, 50, 51], then this request's
+    # record and the start of its answer: it copies its record's value [5, 7, 8], which ends like the
+    # few-shot one [6, 7, 8]; the record goes on [40, 41] where the few-shot answer went on [50, 51].
+    shot = [20, 21, 6, 7, 8, 40, 41, 30, 31, 32, 6, 7, 8, 50, 51]
+    record = [20, 21, 5, 7, 8, 40, 41, 42]
+    req = _req("a", shot + record + [30, 31, 32, 5, 7, 8])
+    tokens, match, _ = prop.propose([req], [6], [True], large_batch=True)[0]
+    whole = prop.propose([req], [6], [True], large_batch=False)[0][0]
+    assert whole[:3] == [40, 41, 42] and match == 3  # a small batch: the record's text, after [5, 7, 8]
+    # The context [7, 8] went on [50, ...] in the few-shot answer: the draft stops there (at once), but
+    # keeps OWN_AGREE_MIN tokens
+    assert tokens == whole[: C.OWN_AGREE_MIN]
+    prop.on_finish(req)
+    prop.check_integrity(idle=True)

@@ -102,6 +102,26 @@ class NgramIndex:
         return (nearest_after(ends, spans) if spans else None) or ends[-1]
 
 
+    def agreed(self, seq: list[int], draft: Sequence[int], source: int, n: int) -> int:
+        """How many of draft's tokens (the continuation at position source of seq) every other earlier
+        occurrence of seq's last n tokens continues with too, as far as it goes."""
+        self._update(seq)
+        ends = self._ends[n].get(tuple(seq[-n:])) if self.min_n <= n <= self.max_n and n <= len(seq) else None
+        if ends is None:
+            return len(draft)
+        keep = len(draft)
+        for end in [ends] if isinstance(ends, int) else ends:
+            if end == source:
+                continue
+            same = 0
+            for a, b in zip(draft[:keep], seq[end : end + keep]):
+                if a != b:
+                    keep = same
+                    break
+                same += 1
+        return keep
+
+
 class LiveNgrams:
     """The n-grams of the running requests, per namespace: n-gram -> (the NgramIndex of the request that
     wrote it last, the position after it). Entries are written by NgramIndex._update and dropped when their
