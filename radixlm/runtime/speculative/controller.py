@@ -75,7 +75,7 @@ TEXT_MIN_CHARS = 1
 # otherwise, its draft stops where they part (at least OWN_AGREE_MIN tokens are kept): the text is ambiguous
 # there. The record a JSON answer copies from goes on '.com. City:' where the few-shot answer has '.com",',
 # and a few-shot record's '+1-555-0108' shares '+1-555-010' with the record's own number (json at 16 rows:
-# 922 -> 844 draft tokens, 686 -> 681 accepted, the same steps; code and chat unchanged, greedy counts;
+# 922 -> 852 draft tokens, 686 -> 680 accepted, the same steps; code and chat unchanged, greedy counts;
 # docs/benchmarks.md, session 33). Only in large steps: at one row, where a draft token costs little, the
 # tokens cut are the ones a lucky guess would have had accepted (json at 1 row: 13 -> 17 steps).
 OWN_AGREE_CONTEXT = 2

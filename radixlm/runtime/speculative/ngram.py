@@ -101,7 +101,6 @@ class NgramIndex:
         spans = [(c, c + CURSOR_WINDOW) for c in cursors]
         return (nearest_after(ends, spans) if spans else None) or ends[-1]
 
-
     def agreed(self, seq: list[int], draft: Sequence[int], source: int, n: int) -> int:
         """How many of draft's tokens (the continuation at position source of seq) every other earlier
         occurrence of seq's last n tokens continues with too, as far as it goes."""
