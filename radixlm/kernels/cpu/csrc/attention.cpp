@@ -289,18 +289,26 @@ void attend_vec(const float* const* qs, float* const* outs, const int64_t* lens,
   }
 }
 
-// The fast path where it applies (head sizes 64 and 128), else the generic loops.
+// Whether attend_vec serves this head size and group (else the generic loops).
+inline bool vec_fits(int64_t d, int64_t G) { return G <= kMaxGroup && (d == 64 || d == 128); }
+
+// attend_vec for a head size vec_fits accepts.
+void attend_queries(const float* const* qs, float* const* outs, const int64_t* lens, int64_t NQ, int64_t d,
+                    const float* k_base, const float* v_base, const int64_t* slots, int64_t stride, float scale,
+                    float* scores) {
+  if (d == 64) return attend_vec<64 / W>(qs, outs, lens, NQ, k_base, v_base, slots, stride, scale, scores);
+  attend_vec<128 / W>(qs, outs, lens, NQ, k_base, v_base, slots, stride, scale, scores);
+}
+
+// One decode row's G heads of one KV head: the fast path where it applies, else the generic loops.
 void attend(const float* q, const float* k_base, const float* v_base, const int64_t* slots, int64_t L,
             int64_t stride, int64_t d, int64_t G, float scale, float* scores, float* out) {
-  if (G <= kMaxGroup && (d == 64 || d == 128)) {
-    const float* qs[kMaxGroup];
-    float* outs[kMaxGroup];
-    int64_t lens[kMaxGroup];
-    for (int64_t g = 0; g < G; ++g) qs[g] = q + g * d, outs[g] = out + g * d, lens[g] = L;
-    if (d == 64) return attend_vec<64 / W>(qs, outs, lens, G, k_base, v_base, slots, stride, scale, scores);
-    return attend_vec<128 / W>(qs, outs, lens, G, k_base, v_base, slots, stride, scale, scores);
-  }
-  attend_group(q, k_base, v_base, slots, L, stride, d, G, scale, scores, out);
+  if (!vec_fits(d, G)) return attend_group(q, k_base, v_base, slots, L, stride, d, G, scale, scores, out);
+  const float* qs[kMaxGroup];
+  float* outs[kMaxGroup];
+  int64_t lens[kMaxGroup];
+  for (int64_t g = 0; g < G; ++g) qs[g] = q + g * d, outs[g] = out + g * d, lens[g] = L;
+  attend_queries(qs, outs, lens, G, d, k_base, v_base, slots, stride, scale, scores);
 }
 
 // Queries a pass of attend_vec takes (whole tokens of G heads): its q and accumulators stay in
@@ -360,8 +368,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_buf, 
 
 // q [T, Hq, D]: the new tokens of R extend rows, row r's extend_lens[r] tokens after the previous rows';
 // token t of row r attends to slots req_to_token[req_rows[r], :prefix_lens[r] + t + 1] (its K/V and those
-// before it already stored): the tokenwise decode rows of paged_decode_attention, with the same bits,
-// each row's K/V read once for several of its tokens. -> [T, Hq, D].
+// before it already stored): each token as a decode row of paged_decode_attention, with the same bits,
+// each row's K/V read once for several of its tokens (kTokenQueries). -> [T, Hq, D].
 at::Tensor paged_extend_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                                   const at::Tensor& req_to_token, const at::Tensor& req_rows,
                                   const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale) {
@@ -398,7 +406,7 @@ at::Tensor paged_extend_attention(const at::Tensor& q, const at::Tensor& k_buf, 
   const float *qp = q.data_ptr<float>(), *kp = k_buf.data_ptr<float>(), *vp = v_buf.data_ptr<float>();
   float* op_ = out.data_ptr<float>();
   const int64_t group = hq / hkv, stride = hkv * d;
-  const bool fast = group <= kMaxGroup && (d == 64 || d == 128);
+  const bool fast = vec_fits(d, group);
   const int64_t per_pass = fast ? std::max<int64_t>(1, kTokenQueries / group) : 1;  // tokens a pass
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, group * max_new * max_len * d));
   // One task per (row, KV head), as paged_decode_attention's (row, KV head) of each token.
@@ -426,10 +434,7 @@ at::Tensor paged_extend_attention(const at::Tensor& q, const at::Tensor& k_buf, 
             outs[nq] = op_ + base;
             lens[nq] = pp[r] + t + 1;
           }
-        if (d == 64)
-          attend_vec<64 / W>(qs, outs, lens, nq, kp + kvh * d, vp + kvh * d, slots, stride, float(scale), scores.data());
-        else
-          attend_vec<128 / W>(qs, outs, lens, nq, kp + kvh * d, vp + kvh * d, slots, stride, float(scale), scores.data());
+        attend_queries(qs, outs, lens, nq, d, kp + kvh * d, vp + kvh * d, slots, stride, float(scale), scores.data());
       }
     }
   });
