@@ -54,7 +54,7 @@ def test_named_choice_on_the_engine(llg_engine):
         s += "Compute something.\n" + sgl.gen("c", tools=TOOLS, max_tokens=160,
                                              tool_choice={"type": "function", "function": {"name": "calculator"}})
 
-    calls = named.run(backend=llg_engine, temperature=0.5).get_meta_info("c")["tool_calls"]
+    calls = named.run(backend=llg_engine, temperature=0).get_meta_info("c")["tool_calls"]  # greedy: one outcome
     assert calls and {c["name"] for c in calls} == {"calculator"}
 
 
