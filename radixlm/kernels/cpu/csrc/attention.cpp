@@ -311,6 +311,20 @@ void attend(const float* q, const float* k_base, const float* v_base, const int6
   attend_queries(qs, outs, lens, G, d, k_base, v_base, slots, stride, scale, scores);
 }
 
+// The checks both attention ops make: fp32 q [T, Hq, D] and pool buffers [S, Hkv, D] that agree, Hq a
+// multiple of Hkv, an int64 req_to_token with contiguous rows, int64 req_rows.
+void check_attention(const char* op, const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                     const at::Tensor& req_to_token, const at::Tensor& req_rows) {
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k_buf, &v_buf}) check_f32(*t, op, "q and the pool buffers");
+  check_i64(req_rows, op, "req_rows");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kLong && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
+              op, ": req_to_token must be int64 [R, C] with contiguous rows");
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && k_buf.size(2) == q.size(2) && v_buf.sizes() == k_buf.sizes(),
+              op, ": q [T, Hq, D] and pool buffers [S, Hkv, D] disagree");
+  TORCH_CHECK(q.size(1) % k_buf.size(1) == 0, op, ": ", q.size(1), " query heads are not a multiple of ",
+              k_buf.size(1), " KV heads");
+}
+
 // Queries a pass of attend_vec takes (whole tokens of G heads): its q and accumulators stay in
 // registers up to about this many.
 constexpr int64_t kTokenQueries = 6;
@@ -325,15 +339,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_buf, 
                                   const at::Tensor& req_to_token, const at::Tensor& req_rows,
                                   const at::Tensor& seq_lens, double scale) {
   const char* op = "paged_decode_attention";
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k_buf, &v_buf}) check_f32(*t, op, "q and the pool buffers");
-  check_i64(req_rows, op, "req_rows");
+  check_attention(op, q, k_buf, v_buf, req_to_token, req_rows);
   check_i64(seq_lens, op, "seq_lens");
-  TORCH_CHECK(req_to_token.scalar_type() == at::kLong && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
-              op, ": req_to_token must be int64 [R, C] with contiguous rows");
-  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && k_buf.size(2) == q.size(2) && v_buf.sizes() == k_buf.sizes(),
-              op, ": q [b, Hq, D] and pool buffers [S, Hkv, D] disagree");
   const int64_t b = q.size(0), hq = q.size(1), d = q.size(2), hkv = k_buf.size(1);
-  TORCH_CHECK(hq % hkv == 0, op, ": ", hq, " query heads are not a multiple of ", hkv, " KV heads");
   TORCH_CHECK(req_rows.size(0) == b && seq_lens.size(0) == b, op, ": req_rows and seq_lens need b entries");
   const int64_t *rp = req_rows.data_ptr<int64_t>(), *lp = seq_lens.data_ptr<int64_t>();
   const int64_t* table = req_to_token.data_ptr<int64_t>();
@@ -374,16 +382,10 @@ at::Tensor paged_extend_attention(const at::Tensor& q, const at::Tensor& k_buf, 
                                   const at::Tensor& req_to_token, const at::Tensor& req_rows,
                                   const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale) {
   const char* op = "paged_extend_attention";
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k_buf, &v_buf}) check_f32(*t, op, "q and the pool buffers");
-  check_i64(req_rows, op, "req_rows");
+  check_attention(op, q, k_buf, v_buf, req_to_token, req_rows);
   check_i64(prefix_lens, op, "prefix_lens");
   check_i64(extend_lens, op, "extend_lens");
-  TORCH_CHECK(req_to_token.scalar_type() == at::kLong && req_to_token.dim() == 2 && req_to_token.stride(1) == 1,
-              op, ": req_to_token must be int64 [R, C] with contiguous rows");
-  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && k_buf.size(2) == q.size(2) && v_buf.sizes() == k_buf.sizes(),
-              op, ": q [T, Hq, D] and pool buffers [S, Hkv, D] disagree");
   const int64_t R = req_rows.size(0), hq = q.size(1), d = q.size(2), hkv = k_buf.size(1);
-  TORCH_CHECK(hq % hkv == 0, op, ": ", hq, " query heads are not a multiple of ", hkv, " KV heads");
   TORCH_CHECK(prefix_lens.size(0) == R && extend_lens.size(0) == R, op, ": prefix_lens and extend_lens need one entry a row");
   const int64_t *rp = req_rows.data_ptr<int64_t>(), *pp = prefix_lens.data_ptr<int64_t>(), *ep = extend_lens.data_ptr<int64_t>();
   const int64_t* table = req_to_token.data_ptr<int64_t>();
