@@ -365,7 +365,7 @@ def test_a_copy_in_progress_continues_at_its_cursor_not_at_the_latest_occurrence
     req2 = _req("b", [5, 6, 7, 8, 9, 1, 5, 6, 7, 0, 2, 3, 4, 5])
     req2.num_spec_accepted = 1
     ctl.propose([req2])
-    ctl.proposer._source["b"] = 1  # say this step's draft [6, 7] came from the template (position 1)
+    ctl.proposer._source["b"] = (1, [6, 7])  # say this step's draft [6, 7] came from the template (position 1)
     req2.output_ids += [6]
     ctl.on_verified(req2, 2, 1, 2)  # one accepted: the cursor is at 2
     req2.output_ids += [7]
@@ -430,6 +430,8 @@ def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
     for _ in range(2):  # two drafts rejected: the average falls below the bar again
         prop.propose([req], [6], [False], large_batch=True)
         prop.on_verified(req, 6, 0)
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == []  # and the copy ended at 6 twice
+    del prop._breaks["a"]  # forget where (test_speculative_copy_breaks.py): the cap alone
     assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole[: C.OWN_WEAK_MAX_DRAFT]
     prop.on_finish(req)
     prop.check_integrity(idle=True)

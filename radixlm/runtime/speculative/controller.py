@@ -20,6 +20,7 @@ import torch
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
+from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
 from radixlm.runtime.speculative.cost import min_chance, min_expected
 from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
 from radixlm.runtime.speculative.stop_cut import StopCut
@@ -80,6 +81,11 @@ TEXT_MIN_CHARS = 1
 # tokens cut are the ones a lucky guess would have had accepted (json at 1 row: 13 -> 17 steps).
 OWN_AGREE_CONTEXT = 2
 OWN_AGREE_MIN = 1
+# ... and at any batch, its own-text drafts stop where its copies have ended more often than gone on: the
+# copies inside its prompt (a few-shot record and its answer) and its verified drafts teach where
+# (copy_breaks.py; json at 16 rows: 852 -> 831 draft tokens, 680 -> 695 accepted; at 1 row 85 -> 60 draft
+# tokens, as many accepted; docs/benchmarks.md, session 34). The agreement above keeps a token; this cut
+# may leave none: the signature has ended copies, the other occurrences have only differed.
 OWN_EMA_WEIGHT = 0.3
 OWN_WEAK_ACCEPTANCE = 0.5
 OWN_WEAK_MAX_DRAFT = 2
@@ -149,7 +155,9 @@ class NgramProposer:
         self.text_of = TokenText(tokenizer) if tokenizer is not None else None  # None: no text lookup
         self._text: dict[str, TextIndex] = {}
         self._cursors: dict[str, list[int]] = {}  # rid -> positions after its latest accepted copies
-        self._source: dict[str, int] = {}  # rid -> where this step's draft starts in its own sequence
+        self._source: dict[str, tuple[int, list[int]]] = {}  # rid -> this step's own-text draft, where it starts
+        self.signatures = Signatures(self.text_of)
+        self._breaks: dict[str, CopyBreaks] = {}  # rid -> where its copies end (learned from its prompt first)
         self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
         self.own_prior = OWN_PRIOR  # the average before a request's first own-text draft is verified
 
@@ -179,9 +187,17 @@ class NgramProposer:
                 if large_batch:
                     keep = self._index(req).agreed(req.full_ids(), tokens, p.source, OWN_AGREE_CONTEXT)
                     tokens = tokens[: max(keep, OWN_AGREE_MIN)]
-                self._source[req.rid] = p.source
+                tokens = tokens[: self._copy_breaks(req).keep(req.full_ids(), p.source, tokens)]
+                self._source[req.rid] = (p.source, tokens)
             out.append((tokens, p.match, None))
         return out
+
+    def _copy_breaks(self, req: Req) -> CopyBreaks:
+        breaks = self._breaks.get(req.rid)
+        if breaks is None:  # learned once, at the request's first own-text proposal
+            breaks = self._breaks[req.rid] = CopyBreaks(self.signatures)
+            breaks.learn_prompt(req.input_ids)
+        return breaks
 
     def _propose_one(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
         seq, cursors = req.full_ids(), self._cursors.get(req.rid, ())
@@ -194,9 +210,11 @@ class NgramProposer:
         return text.propose(seq, k, TEXT_MIN_CHARS, cursors)
 
     def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
-        source = self._source.pop(req.rid, None)
-        if source is None:
+        drafted = self._source.pop(req.rid, None)
+        if drafted is None:
             return
+        source, draft = drafted
+        self._breaks[req.rid].record(req.full_ids(), source, draft, proposed, accepted)
         if proposed:
             old = self._own_acceptance.get(req.rid, self.own_prior)
             self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * accepted / proposed
@@ -208,7 +226,7 @@ class NgramProposer:
             del cursors[CURSORS:]
 
     def on_finish(self, req: Req) -> None:
-        for table in (self._text, self._cursors, self._source, self._own_acceptance):
+        for table in (self._text, self._cursors, self._source, self._own_acceptance, self._breaks):
             table.pop(req.rid, None)
         own = self._own.pop(req.rid, None)
         if own is not None:
@@ -221,8 +239,8 @@ class NgramProposer:
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._own, "n-gram indexes left while idle"
-        assert not idle or not (self._text or self._cursors or self._source or self._own_acceptance), \
-            "text indexes / cursors / own-text averages left while idle"
+        assert not idle or not (self._text or self._cursors or self._source or self._own_acceptance
+                                or self._breaks), "text indexes / cursors / own-text state left while idle"
         assert not idle or not len(self.live), "live n-gram tables left while idle"
 
 
