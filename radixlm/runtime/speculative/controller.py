@@ -83,7 +83,7 @@ OWN_AGREE_CONTEXT = 2
 OWN_AGREE_MIN = 1
 # ... and at any batch, its own-text drafts stop where its copies have ended more often than gone on: the
 # copies inside its prompt (a few-shot record and its answer) and its verified drafts teach where
-# (copy_breaks.py; json at 16 rows: 852 -> 831 draft tokens, 680 -> 695 accepted; at 1 row 85 -> 60 draft
+# (copy_breaks.py; json at 16 rows: 852 -> 813 draft tokens, 680 -> 695 accepted; at 1 row 85 -> 67 draft
 # tokens, as many accepted; docs/benchmarks.md, session 34). The agreement above keeps a token; this cut
 # may leave none: the signature has ended copies, the other occurrences have only differed.
 OWN_EMA_WEIGHT = 0.3
