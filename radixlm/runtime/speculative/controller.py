@@ -156,7 +156,7 @@ class NgramProposer:
         self._text: dict[str, TextIndex] = {}
         self._cursors: dict[str, list[int]] = {}  # rid -> positions after its latest accepted copies
         self._source: dict[str, tuple[int, list[int]]] = {}  # rid -> this step's own-text draft, where it starts
-        self.signatures = Signatures(self.text_of)
+        self._signatures = Signatures(self.text_of)
         self._breaks: dict[str, CopyBreaks] = {}  # rid -> where its copies end (learned from its prompt first)
         self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
         self.own_prior = OWN_PRIOR  # the average before a request's first own-text draft is verified
@@ -182,12 +182,13 @@ class NgramProposer:
             p = self._propose_one(req, k, self.short_n if copy else weak, copy)
             tokens = p.tokens
             if p.source is not None:
+                seq = req.full_ids()  # one copy of the prompt + output for the cuts below
                 if large_batch and self._own_acceptance.get(req.rid, self.own_prior) < OWN_WEAK_ACCEPTANCE:
                     tokens = tokens[:OWN_WEAK_MAX_DRAFT]
                 if large_batch:
-                    keep = self._index(req).agreed(req.full_ids(), tokens, p.source, OWN_AGREE_CONTEXT)
+                    keep = self._index(req).agreed(seq, tokens, p.source, OWN_AGREE_CONTEXT)
                     tokens = tokens[: max(keep, OWN_AGREE_MIN)]
-                tokens = tokens[: self._copy_breaks(req).keep(req.full_ids(), p.source, tokens)]
+                tokens = tokens[: self._copy_breaks(req).keep(seq, p.source, tokens)]
                 self._source[req.rid] = (p.source, tokens)
             out.append((tokens, p.match, None))
         return out
@@ -195,7 +196,7 @@ class NgramProposer:
     def _copy_breaks(self, req: Req) -> CopyBreaks:
         breaks = self._breaks.get(req.rid)
         if breaks is None:  # learned once, at the request's first own-text proposal
-            breaks = self._breaks[req.rid] = CopyBreaks(self.signatures)
+            breaks = self._breaks[req.rid] = CopyBreaks(self._signatures)
             breaks.learn_prompt(req.input_ids)
         return breaks
 
