@@ -343,6 +343,27 @@ def test_a_missed_draft_ends_copying_for_the_next_one_at_a_large_batch():
     assert ctl.propose(reqs) == [[21, 22]] * LARGE_BATCH
 
 
+def test_a_request_that_copied_before_keeps_its_own_min_match_at_a_large_batch():
+    """A large step asks a request that is not copying for a match 2 tokens longer, unless it has had drafts
+    accepted before: then its own text (not others') at speculative_ngram_min_match is proposed."""
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.speculative.controller import LARGE_BATCH, NgramProposer, SpecController
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
+    ctl = SpecController(config, NgramProposer(config), context_len=1024)
+    ctl.cost_aware = False  # the match-length rule alone
+    reqs = [_req(f"c{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(LARGE_BATCH)]  # a 3-gram repeat
+    lone = _req("z", [4, 5, 1, 2, 3])  # [1, 2, 3] only in the others' text
+    for r in reqs + [lone]:
+        ctl._state[r.rid] = AdaptiveState(k=2, acceptance=0.9)
+        ctl._state[r.rid].update(2, 0, max_k=2, min_acceptance=0.25)  # a miss: not copying in a large step
+    assert ctl.propose(reqs) == [[]] * LARGE_BATCH  # no draft accepted yet: 5 tokens asked
+    for r in reqs + [lone]:
+        r.num_spec_accepted = 1
+    assert ctl.propose(reqs) == [[9, 8]] * LARGE_BATCH  # copied before: its own text at 3
+    assert ctl.propose(reqs[1:] + [lone])[-1] == []  # the others' text still needs 5
+
+
 def test_a_copy_in_progress_continues_at_its_cursor_not_at_the_latest_occurrence():
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.speculative.controller import NgramProposer, SpecController
