@@ -49,12 +49,12 @@ COPYING_ACCEPTANCE = 0.35
 # copying needs a match LARGE_BATCH_EXTRA_MATCH tokens longer than speculative_ngram_min_match (measured:
 # free text at batch 16 0.95x -> 0.97-0.98x of plain decode with 1; 2 since the packed weight layout made a
 # batch-16 decode step cheaper next to its verify tokens; docs/benchmarks.md, runs 4 and 5).
+# Not in its own text once it has had drafts accepted, though: there speculative_ngram_min_match holds (a
+# JSON row that invented part of a value, 'jemel' for 'emeka', copies its record again from '.4@example.com';
+# json at 16 rows: 19 -> 18 steps, 1038 -> 1032 forward tokens; code 78 -> 77 steps, 2302 -> 2255; chat and
+# free unchanged; docs/benchmarks.md, session 34).
 LARGE_BATCH = 8
 LARGE_BATCH_EXTRA_MATCH = 2
-# ... but a request that has had drafts accepted before (it copied, then missed: a JSON row that invented
-# part of a value, 'jemel' for 'emeka', and copies its record again from '.4@example.com') is proposed a
-# match of speculative_ngram_min_match in its own text (json at 16 rows: 19 -> 18 steps, 1038 -> 1032
-# forward tokens; code 78 -> 77 steps, 2302 -> 2255; chat and free unchanged; docs/benchmarks.md, session 34).
 # ... and proposes at most LARGE_BATCH_MAX_DRAFT tokens unless its last LARGE_BATCH_STREAK drafts were
 # accepted whole (speculative_num_draft_tokens bounds the rest): at batch 16 verify tokens are compute-bound,
 # and the drafts that run past 4 tokens are mostly cut (a JSON value's end, free text), while a request
