@@ -73,12 +73,30 @@ def test_packed_linear_equals_linear(m, with_bias):
     want = blocked_linear(x, both.rows, bias) if m == 1 else packed_linear(x, packed, bias)
     assert torch.equal(packed_linear(x, both, bias), want)
     ops = tile_ops()
-    if ops is not None:  # packed_tiles: one row through the compiled GEMV, more packed
+    if ops is not None:  # packed_tiles: up to a tile's rows through the compiled GEMV, more packed
         tiled = PackedRows(packed, as_tiles(w, ops))
-        want = tiled_linear(x, tiled.rows, bias) if m == 1 else packed_linear(x, packed, bias)
+        assert tiled.rows.max_rows == ops.tile_rows() >= 2
+        want = tiled_linear(x, tiled.rows, bias) if m <= ops.tile_rows() else packed_linear(x, packed, bias)
         assert torch.equal(packed_linear(x, tiled, bias), want)
         torch.testing.assert_close(tiled_linear(x, tiled.rows, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
 
+
+
+@pytest.mark.skipif(tile_ops() is None, reason="the compiled CPU ops did not build")
+def test_a_few_rows_keep_their_one_row_bits_in_packed_tiles():
+    """A step of up to a tile's rows (two requests decoding, one short verify row) goes through the tiled GEMV:
+    each row's output has the bits it has alone, and past a tile's rows the step is oneDNN's."""
+    ops = tile_ops()
+    g = torch.Generator().manual_seed(7)
+    w, bias = torch.randn(40, 96, generator=g), torch.randn(40, generator=g)
+    tiled = PackedRows(pack(w), as_tiles(w, ops))
+    few = torch.randn(ops.tile_rows(), 96, generator=g)
+    both = packed_linear(few, tiled, bias)
+    for i in range(few.shape[0]):
+        assert torch.equal(both[i: i + 1], packed_linear(few[i: i + 1], tiled, bias))
+    many = torch.randn(ops.tile_rows() + 1, 96, generator=g)
+    assert torch.equal(packed_linear(many, tiled, bias), packed_linear(many, tiled.packed, bias))
+    torch.testing.assert_close(both, F.linear(few, w, bias), rtol=1e-5, atol=1e-5)
 
 def test_resolve_layout():
     assert resolve_layout("auto", CPU, torch.float32, 2) == "blocks"

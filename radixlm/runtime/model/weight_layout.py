@@ -36,10 +36,10 @@ its time, so:
             inductor's weight prepacking uses) at every row count.
     packed_blocks: packed, plus the blocks view of the row-major layer weights for one-row steps (a second
             copy of the layers' weights: only where that is <= 1/8 of the RAM, rows_copy_fits).
-    packed_tiles: packed, plus a tiled copy of every weight (the LM head too) for one-row steps, multiplied
-            by radixlm's compiled fp32 GEMV (radixlm/kernels/cpu, csrc/gemv.cpp: blocks of output rows
-            interleaved so each block is one memory stream, threads over blocks); packed_blocks where the
-            compiled ops do not load. Session 26, Zen 5, 1 thread, ms per pass over 30 layers at one row:
+    packed_tiles: packed, plus a tiled copy of every weight (the LM head too) for steps of up to a tile's
+            rows (the build's tile_rows: 4 with AVX-512, 2 with AVX2), multiplied by radixlm's compiled fp32
+            GEMV (radixlm/kernels/cpu, csrc/gemv.cpp: blocks of output rows interleaved so each block is one
+            memory stream, threads over blocks); packed_blocks where the compiled ops do not load. Session 26, Zen 5, 1 thread, ms per pass over 30 layers at one row:
             blocks 14.9, tiles 11.5; LM head 3.6 vs 3.1 (docs/benchmarks.md, "session 26 int8 GEMV").
 
 Why "packed": torch's fp32 F.linear calls MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
@@ -142,11 +142,14 @@ def tile_ops():
 @dataclass(frozen=True, eq=False)
 class Tiles:
     """An fp32 [out, in] weight in the compiled GEMV's tiled layout (csrc/gemv.cpp pack_rows) and that
-    build's f32_linear (x fp32 [M, in], data, out_features, bias | None) -> [M, out]."""
+    build's f32_linear (x fp32 [M, in], data, out_features, bias | None) -> [M, out]. max_rows: the build's
+    rows per tile (tile_rows: 4 with AVX-512, 2 otherwise); packed_linear multiplies steps of up to that
+    many rows here, each block of weights read once for all of them."""
 
     data: torch.Tensor
     out_features: int
     linear: Callable[..., torch.Tensor]
+    max_rows: int = 1
 
     @property
     def nbytes(self) -> int:
@@ -154,7 +157,7 @@ class Tiles:
 
 
 def as_tiles(w: torch.Tensor, ops) -> Tiles:
-    return Tiles(ops.pack_rows(w.contiguous()), w.shape[0], ops.f32_linear)
+    return Tiles(ops.pack_rows(w.contiguous()), w.shape[0], ops.f32_linear, ops.tile_rows())
 
 
 def tiled_linear(x: torch.Tensor, w: Tiles, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -166,7 +169,7 @@ def tiled_linear(x: torch.Tensor, w: Tiles, bias: torch.Tensor | None = None) ->
 class PackedRows:
     """The packed_blocks / packed_tiles layouts' weight: oneDNN's packed copy for steps of several rows, and
     for one-row steps the blocks view of the row-major matrix (measured faster there with >= 2 threads) or
-    its tiled copy (the compiled GEMV)."""
+    its tiled copy (the compiled GEMV), which also takes steps of up to Tiles.max_rows rows."""
 
     packed: torch.Tensor
     rows: torch.Tensor | Tiles
@@ -183,9 +186,13 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor | PackedRows, bias: torch.Ten
     """F.linear(x, W, bias) for W from `pack` or a PackedRows (any row count, x [..., in] fp32); a plain W
     goes to F.linear."""
     if isinstance(w, PackedRows):
-        if x.dim() == 2 and x.shape[0] == 1:
-            if isinstance(w.rows, Tiles):
-                return tiled_linear(x, w.rows, bias)
+        rows = x.shape[0] if x.dim() == 2 else 0
+        # A few rows (a few requests decoding, one verify row of a short draft) stream the weights through the
+        # tiled GEMV at about a one-row step's cost, where oneDNN's fp32 inner product takes a path up to 2x
+        # slower (docs/benchmarks.md, session 35); each row keeps its one-row bits (gemv.cpp).
+        if isinstance(w.rows, Tiles) and 0 < rows <= w.rows.max_rows:
+            return tiled_linear(x, w.rows, bias)
+        if rows == 1:
             return blocked_linear(x, w.rows, bias)
         w = w.packed
     if not w.is_mkldnn:

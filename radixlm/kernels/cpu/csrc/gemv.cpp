@@ -111,10 +111,15 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, 
   return y;
 }
 
+// Rows of x one tile multiplies (NM): up to this many, each block of weights is read once and used by all
+// of them in one call of `tile`, so a step of that many rows costs about a one-row step's memory traffic.
+int64_t tile_rows() { return NM; }
+
 }  // namespace rlm
 
 RADIXLM_OPS(m) {
   m.def("pack_rows(Tensor weight) -> Tensor", pack_rows);
   m.def("int8_linear(Tensor x, Tensor packed, Tensor scales, Tensor? bias) -> Tensor", rlm::int8_linear);
   m.def("f32_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", rlm::f32_linear);
+  m.def("tile_rows() -> int", rlm::tile_rows);
 }
