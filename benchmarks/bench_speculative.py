@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_speculative.py [--model-path DIR] [--repeats 3] [--new 128]
     .venv/bin/python benchmarks/bench_speculative.py --live --warmup --threads 1 --repeats 12
     .venv/bin/python benchmarks/bench_speculative.py --forward-costs      # verify-row cost vs k
+    .venv/bin/python benchmarks/bench_speculative.py --live --warmup --threads 1 --oracle   # the ceiling
 
 Workloads (issue 19), greedy, chat template, at batch 1 and batch 16 (16 different variants):
   (a) json:  extract the fields of a record as JSON after one example (few-shot completion, stops at the
@@ -30,6 +31,10 @@ must be identical).
 (each worker, or each side of the interleaved process) first runs every workload once untimed: a verify
 step's token count is a new GEMM shape the first time, and oneDNN builds its kernel once per process,
 which the first timed spec-on runs would otherwise pay for.
+
+--oracle gives the on side drafts that are the target's own greedy continuation (OracleProposer: every
+draft accepted, as many tokens as the controller's rules ask for): the ceiling of speculation on this
+machine, which the n-gram proposer's steps and rejected tokens are measured against.
 
 --forward-costs times one forward of B rows x (1 + k) tokens (k = 0..8, B = 1, 16) against a 512-token
 context: what a verify row costs on this machine relative to a plain decode row.
@@ -116,6 +121,8 @@ def run_worker(args) -> None:
 
     results = {}
     with Engine(args.model_path, num_threads=args.threads, **_spec_options(args, args.side == "on")) as eng:
+        if args.oracle and args.side == "on":
+            _install_oracle(eng, args)
         for name in args.workloads:
             for batch in args.batches:
                 prompts, params = _prompts(eng.tokenizer, name, batch), _params(args, name)
@@ -133,6 +140,8 @@ def serve_worker(args) -> None:
     from radixlm.runtime.engine import Engine
 
     with Engine(args.model_path, num_threads=args.threads, **_spec_options(args, args.side == "on")) as eng:
+        if args.oracle and args.side == "on":
+            _install_oracle(eng, args)
         if args.warmup:
             for name in args.workloads:
                 for batch in args.batches:
@@ -143,6 +152,53 @@ def serve_worker(args) -> None:
             name, batch = line.split()
             run = _timed_run(eng, _prompts(eng.tokenizer, name, int(batch)), _params(args, name))
             print(json.dumps(_summary([run], int(batch))), flush=True)
+
+
+class OracleProposer:
+    """--oracle: drafts that are the target's own greedy continuation (what the request will produce, from an
+    untimed spec-off run of the same prompts), as many tokens as the controller's rules ask for. The on side
+    then shows what speculation can give on this machine with every draft accepted: the ceiling the n-gram
+    proposer is measured against (its steps and rejected tokens are what separate the two)."""
+
+    cheap = True
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]]):
+        self.truth = truth
+
+    def propose(self, reqs, ks, copying, large_batch=False):
+        out = []
+        for req, k in zip(reqs, ks):
+            done = len(req.output_ids)
+            tokens = self.truth.get(tuple(req.input_ids), [])[done: done + k]
+            out.append((list(tokens), len(req.input_ids) + done, None))  # a match longer than any rule asks
+        return out
+
+    def observe(self, reqs) -> None: ...
+
+    def on_verified(self, req, proposed: int, accepted: int) -> None: ...
+
+    def on_finish(self, req) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def check_integrity(self, idle: bool) -> None: ...
+
+
+def _install_oracle(eng, args) -> None:
+    """Replace the on side's proposer with an OracleProposer knowing every workload's greedy outputs."""
+    from radixlm.runtime.generate_input import prepare_generate
+
+    sched = eng.scheduler
+    spec, sched.spec = sched.spec, None
+    truth = {}
+    for name in args.workloads:
+        for batch in args.batches:
+            prompts, params = _prompts(eng.tokenizer, name, batch), _params(args, name)
+            ids = [p.msg.input_ids for p in prepare_generate(eng.tokenizer, eng.limits, text=prompts)[0]]
+            for prompt_ids, out in zip(ids, eng.generate(input_ids=ids, sampling_params=params)):
+                truth[tuple(prompt_ids)] = out["output_ids"]
+    sched.spec = spec
+    spec.proposer = OracleProposer(truth)
 
 
 def _spec_options(args, on: bool) -> dict:
@@ -371,6 +427,8 @@ def main() -> None:
     ap.add_argument("--live", action="store_true",
                     help="both sides' workers alive at once, timed runs alternating between them in pairs "
                          "(pairs = --repeats)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="the on side drafts the true greedy continuation (every draft accepted): the ceiling")
     ap.add_argument("--forward-costs", action="store_true")
     ap.add_argument("--interleaved", action="store_true",
                     help="one process toggling speculation between repeats (pairs = --repeats)")
@@ -408,6 +466,7 @@ def _worker_cmd(args, side: str, mode: str = "--worker") -> list[str]:
     cmd = [sys.executable, __file__, mode, side, "--repeats", str(args.repeats), "--new", str(args.new),
            *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches),
            "--workloads", *args.workloads, *(["--warmup"] if args.warmup else []),
+           *(["--oracle"] if args.oracle else []),
            "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
     if args.batch_cap:
         cmd += ["--batch-cap", str(args.batch_cap)]

@@ -4,7 +4,9 @@ Prints min ms per pass over 30 layers' worth of distinct weights (q/k/v fused, o
 so the weights stream from memory as in a real step, and over the tied LM head [49152, 576], for M rows.
 Sides: F.linear on the row-major weight, on a column-major copy (x @ W_t), weight_layout.py's blocks,
 MKL's packed sgemm (`mkl::_mkl_linear`, what inductor's freezing uses; packed for each M), oneDNN's
-prepacked weight (`mkldnn::_linear_pointwise`), and the LM head split into row chunks.
+prepacked weight (`mkldnn::_linear_pointwise`), radixlm's compiled tiled GEMV (`f32_linear`, the
+packed_tiles layout's copy; skipped where the compiled ops do not build), and the LM head split into row
+chunks.
 Usage: python benchmarks/small_m_linear.py [--rows 1 2 5 8 16 32 128 512] [--threads 2] [--passes 5]
 """
 
@@ -17,7 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.model.weight_layout import as_blocks, blocked_linear, column_major
+from radixlm.runtime.model.weight_layout import (as_blocks, as_tiles, blocked_linear, column_major, tile_ops,
+                                                 tiled_linear)
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
 HEAD = (49152, 576)
@@ -50,6 +53,9 @@ def sides(weights: list[torch.Tensor], threads: int, m: int, which: set[str]) ->
         out["mkl packed"] = [(_mkl(m), (torch.ops.mkl._mkl_reorder_linear_weight(w, m), w)) for w in weights]
     if "dnnl" in which:
         out["onednn packed"] = [(_dnnl, (torch.ops.mkldnn._reorder_linear_weight(w, m),)) for w in weights]
+    ops = tile_ops() if "tiles" in which else None
+    if ops is not None:
+        out[f"tiles ({ops.tile_rows()}/tile)"] = [(tiled_linear, (as_tiles(w, ops),)) for w in weights]
     if "chunks" in which:
         for c in (2, 4, 8):
             out[f"{c} chunks"] = [(_chunked(c), (w,)) for w in weights]
@@ -76,7 +82,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--layers", type=int, default=30)
-    ap.add_argument("--sides", default="column,blocks,mkl,dnnl,chunks")
+    ap.add_argument("--sides", default="column,blocks,mkl,dnnl,tiles,chunks")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -95,9 +95,10 @@ OWN_WEAK_ACCEPTANCE = 0.5
 OWN_WEAK_MAX_DRAFT = 2
 OWN_PRIOR = 0.45
 # Where a lone decoding row steps through the model in one call (the CPU's cpu_ops.decode_stack: the GEMV and
-# the bf16-read argmax head), a verify row of 1 + k tokens takes the module path and its GEMMs, ~1.7-1.9x
-# that step (docs/benchmarks.md, session 31), so a draft alone must be likely (first_chance) or a strong
-# match (STRONG_MATCH, as while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
+# the bf16-read argmax head), a verify row of 1 + k tokens takes the module path: ~1.3-1.5x that step
+# with 1-3 draft tokens (the tiled GEMV's few rows), 1.5-2x with more (oneDNN's GEMMs; docs/benchmarks.md,
+# sessions 31 and 35), so a draft alone must be likely (first_chance) or a strong match (STRONG_MATCH, as
+# while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
 ONE_ROW_CHANCE = 0.35
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
