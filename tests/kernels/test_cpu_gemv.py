@@ -58,7 +58,6 @@ def test_a_row_has_the_same_bits_alone_and_in_any_batch(ops) -> None:
     assert all(torch.equal(ops.int8_linear(x[i : i + 1], packed, scales, None)[0], together[i]) for i in range(15))
 
 
-
 def test_tile_rows_is_the_builds_rows_per_tile(ops) -> None:
     """What packed_tiles routes through the GEMV (weight_layout.packed_linear): 4 rows in the AVX-512 build,
     2 in the AVX2 one; a step of that many rows has each row's one-row bits in the fp32 kernel too."""
@@ -68,6 +67,7 @@ def test_tile_rows_is_the_builds_rows_per_tile(ops) -> None:
     together = ops.f32_linear(x, packed, 960, None)
     assert all(torch.equal(ops.f32_linear(x[i : i + 1], packed, 960, None)[0], together[i])
                for i in range(x.shape[0]))
+
 
 def test_threads_do_not_change_the_result(ops) -> None:
     q, scales = int8_weight(3072, 576, seed=1)

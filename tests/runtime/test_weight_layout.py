@@ -81,7 +81,6 @@ def test_packed_linear_equals_linear(m, with_bias):
         torch.testing.assert_close(tiled_linear(x, tiled.rows, bias), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
 
 
-
 @pytest.mark.skipif(tile_ops() is None, reason="the compiled CPU ops did not build")
 def test_a_few_rows_keep_their_one_row_bits_in_packed_tiles():
     """A step of up to a tile's rows (two requests decoding, one short verify row) goes through the tiled GEMV:
@@ -97,6 +96,7 @@ def test_a_few_rows_keep_their_one_row_bits_in_packed_tiles():
     many = torch.randn(ops.tile_rows() + 1, 96, generator=g)
     assert torch.equal(packed_linear(many, tiled, bias), packed_linear(many, tiled.packed, bias))
     torch.testing.assert_close(both, F.linear(few, w, bias), rtol=1e-5, atol=1e-5)
+
 
 def test_resolve_layout():
     assert resolve_layout("auto", CPU, torch.float32, 2) == "blocks"

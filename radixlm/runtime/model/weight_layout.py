@@ -39,8 +39,9 @@ its time, so:
     packed_tiles: packed, plus a tiled copy of every weight (the LM head too) for steps of up to a tile's
             rows (the build's tile_rows: 4 with AVX-512, 2 with AVX2), multiplied by radixlm's compiled fp32
             GEMV (radixlm/kernels/cpu, csrc/gemv.cpp: blocks of output rows interleaved so each block is one
-            memory stream, threads over blocks); packed_blocks where the compiled ops do not load. Session 26, Zen 5, 1 thread, ms per pass over 30 layers at one row:
-            blocks 14.9, tiles 11.5; LM head 3.6 vs 3.1 (docs/benchmarks.md, "session 26 int8 GEMV").
+            memory stream, threads over blocks); packed_blocks where the compiled ops do not load. Session
+            26, Zen 5, 1 thread, ms per pass over 30 layers at one row: blocks 14.9, tiles 11.5; LM head
+            3.6 vs 3.1 (docs/benchmarks.md, "session 26 int8 GEMV").
 
 Why "packed": torch's fp32 F.linear calls MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
 AVX-512 (Zen 4/5); oneDNN dispatches on the ISA itself. On the 2-core AMD EPYC (Zen 5, AVX-512) of
