@@ -436,6 +436,8 @@ def main() -> None:
                     help="one untimed run of each workload and side before the timed ones (new GEMM shapes "
                          "built once, as in a serving process)")
     args = ap.parse_args()
+    if args.oracle and (args.interleaved or args.forward_costs):
+        ap.error("--oracle is for the worker modes (the default, --rounds, --live)")
     if args.forward_costs:
         return forward_costs(args)
     if args.serve_side:
