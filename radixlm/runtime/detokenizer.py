@@ -28,6 +28,7 @@ InboundMsg = Union[GenerateReq, BatchTokenOut, ControlReq]
 
 def run_detokenizer_process(tokenizer_path: str, addrs: IpcAddrs, parent_pid: int, log_level: str) -> None:
     from radixlm.runtime.proc import die_with_parent, setup_logging
+    from radixlm.runtime.heap import freeze_heap
     from radixlm.runtime.model.loader import load_tokenizer
 
     die_with_parent(parent_pid, cleanup_dir=addrs.directory)
@@ -39,6 +40,7 @@ def run_detokenizer_process(tokenizer_path: str, addrs: IpcAddrs, parent_pid: in
     to_tm = ctx.socket(zmq.PUSH)
     to_tm.connect(addrs.tokenizer_in)
     detok = Detokenizer(load_tokenizer(tokenizer_path))
+    freeze_heap("detokenizer")
     to_tm.send(encode(ProcessReady("detokenizer", os.getpid())))
     decoder = msgspec.msgpack.Decoder(InboundMsg)
     while True:

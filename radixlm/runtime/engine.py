@@ -16,6 +16,7 @@ from radixlm.runtime.builder import build_scheduler
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.engine_loop import EngineLoop
 from radixlm.runtime.generate_input import PreparedReq, prepare_generate
+from radixlm.runtime.heap import freeze_heap, release_heap
 from radixlm.runtime.messages import GenerateReq, RequestError
 from radixlm.runtime.response import ResponseState
 from radixlm.runtime.scheduler import info
@@ -37,6 +38,8 @@ class Engine:
         self.scheduler = built.scheduler
         self.eos_token_ids = built.eos_token_ids
         self.limits = built.limits
+        freeze_heap("engine")  # the loaded model and tokenizer stay out of the collector's full passes
+        self._frozen = True
 
     # ---- generation -------------------------------------------------------------------------------
     def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
@@ -132,6 +135,12 @@ class Engine:
         self._loop.stop()
         self.scheduler.grammar.close()
         self.runner.close()
+        self._release_heap()
+
+    def _release_heap(self) -> None:
+        if getattr(self, "_frozen", False):
+            self._frozen = False
+            release_heap()
 
     def __enter__(self) -> "Engine":
         return self
@@ -142,6 +151,7 @@ class Engine:
     def __del__(self) -> None:
         try:
             self._loop.stop()
+            self._release_heap()
         except Exception:
             pass
 

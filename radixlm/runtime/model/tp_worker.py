@@ -82,6 +82,7 @@ def recv_step(comm_device: torch.device, device: torch.device, sm_scale: float
 def run_worker(mc: ModelConfig, rank: int) -> None:
     from transformers import AutoConfig
 
+    from radixlm.runtime.heap import freeze_heap
     from radixlm.runtime.model import dist_init
     from radixlm.runtime.model.model_runner import ModelRunner, _context_len, resolve_device, resolve_dtype
     from radixlm.runtime.model.kv_pool import KVPool
@@ -103,6 +104,7 @@ def run_worker(mc: ModelConfig, rank: int) -> None:
     kv_pool = KVPool(broadcast_int(0, comm), d.num_layers, d.num_kv_heads, d.head_dim, dtype, device)
     # The backend choice reads only the runner's device and compiled ops (none under TP: cpu_ops.py).
     backend = ModelRunner._attention_backend(SimpleNamespace(device=device, cpu_ops=None), mc.attention_backend)
+    freeze_heap(f"tp rank {rank}")
     num_steps = 0
     while (step := recv_step(comm, device, d.head_dim ** -0.5)) is not None:
         ids, pos, meta, logits_idx = step

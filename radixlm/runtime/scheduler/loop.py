@@ -43,6 +43,7 @@ MakeReq = Callable[[TokenizedGenerateReq, SamplingParams, str, int], Req]
 def run_scheduler_process(config: EngineConfig, addrs: IpcAddrs, parent_pid: int, log_level: str,
                           dp_rank: int = 0) -> None:
     from radixlm.runtime.builder import make_req
+    from radixlm.runtime.heap import freeze_heap
     from radixlm.runtime.proc import die_with_parent, setup_logging
 
     die_with_parent(parent_pid)
@@ -60,6 +61,7 @@ def run_scheduler_process(config: EngineConfig, addrs: IpcAddrs, parent_pid: int
     to_tm = ctx.socket(zmq.PUSH)
     to_tm.connect(addrs.tokenizer_in)
     built = build_scheduler(config)  # an exception here exits non-zero: the server reports it and exits
+    freeze_heap("scheduler")
     to_tm.send(encode(ProcessReady("scheduler", os.getpid(), model_info(built, config), dp_rank=dp_rank)))
     transport = ZmqTransport(recv, to_detok, to_tm)
     device = built.runner.device

@@ -22,6 +22,7 @@ import uvicorn
 
 from radixlm.runtime.config import EngineConfig, ServerConfig
 from radixlm.runtime.generate_input import InputLimits
+from radixlm.runtime.heap import freeze_heap
 from radixlm.runtime.proc import IpcAddrs
 from radixlm.runtime.server.context import AppContext
 from radixlm.runtime.server.http_server import create_app
@@ -88,7 +89,9 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, addrs:
         ctx = AppContext(tm, server_config, info, tokenizer_path,
                          server_config.served_model_name or Path(info["model_path"]).name,
                          _server_args(engine_config, server_config), engine_config.grammar)
-        server = DrainingServer(uvicorn.Config(create_app(ctx), host=server_config.host, port=server_config.port,
+        app = create_app(ctx)
+        freeze_heap("tokenizer manager")
+        server = DrainingServer(uvicorn.Config(app, host=server_config.host, port=server_config.port,
                                                log_level=server_config.log_level.lower(), access_log=False,
                                                lifespan="off", timeout_graceful_shutdown=5))
         _announce(f"model {ctx.served_model_name} loaded; listening on "
