@@ -125,9 +125,9 @@ def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():
     corpus.add("a", [10, 11, 12, 13, 14, 15])
     seq = [1, 2, 3, 1, 2, 7, 10, 11, 12]
     # own text: [1, 2] -> 3 (a 2-gram); the corpus has the 3-gram [10, 11, 12] -> 13, 14, 15: longer wins
-    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == ([13, 14, 15], 3, None)
+    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == ([13, 14, 15], 3, None, None)
     assert propose_ngram(seq, NgramIndex(2, 4), corpus, "b", 3)[:2] == ([], 0)  # another tenant's text: never
-    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == ([3, 1, 2], 2, 2)
+    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == ([3, 1, 2], 2, 2, None)
 
 
 @pytest.mark.parametrize("own_min_n, min_n", [(1, 3), (3, 3), (3, 5)])

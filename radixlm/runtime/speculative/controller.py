@@ -22,6 +22,7 @@ from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
 from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
 from radixlm.runtime.speculative.cost import min_chance, min_expected
+from radixlm.runtime.speculative.follow import Follow
 from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
 from radixlm.runtime.speculative.stop_cut import StopCut
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
@@ -165,6 +166,7 @@ class NgramProposer:
         self._breaks: dict[str, CopyBreaks] = {}  # rid -> where its copies end (learned from its prompt first)
         self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
         self.own_prior = OWN_PRIOR  # the average before a request's first own-text draft is verified
+        self.follow = Follow()  # where each request copies another running request's text (follow.py)
 
     def _index(self, req: Req) -> NgramIndex:
         own = self._own.get(req.rid)
@@ -182,12 +184,15 @@ class NgramProposer:
         # the shortest match for a request not copying
         weak = min(self.min_n + LARGE_BATCH_EXTRA_MATCH * large_batch, self.max_n)
         self._source.clear()
+        self.follow.new_step()
         out = []
         for req, k, copy in zip(reqs, ks, copying):
-            p = self._propose_one(req, k, self.short_n if copy else weak, copy)
+            p = self._propose(req, k, self.short_n if copy else weak, copy)
             if not p.tokens and not copy and weak > self.min_n and req.num_spec_accepted > 0:
                 own = self._propose_one(req, k, self.min_n, False)
                 p = own if own.source is not None else p
+            if p.shared is not None:
+                self.follow.drafted(req.rid, p.shared, len(req.full_ids()))
             tokens = p.tokens
             if p.source is not None:
                 seq = req.full_ids()  # one copy of the prompt + output for the cuts below
@@ -208,6 +213,15 @@ class NgramProposer:
             breaks.learn_prompt(req.input_ids)
         return breaks
 
+    def _propose(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
+        """The continuation of the source req is following (follow.py) where it agrees with req for longer
+        than any lookup matches (at least min_n tokens), else the lookups' proposal."""
+        followed = self.follow.propose(req.rid, req.full_ids(), k)
+        if followed.tokens and followed.match >= max(min_n, self.max_n):
+            return followed
+        p = self._propose_one(req, k, min_n, copying)
+        return followed if followed.tokens and followed.match >= max(min_n, p.match) else p
+
     def _propose_one(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
         seq, cursors = req.full_ids(), self._cursors.get(req.rid, ())
         p = propose_ngram(seq, self._index(req), self.corpus, req.namespace, k, self.live, min_n, cursors)
@@ -219,6 +233,7 @@ class NgramProposer:
         return text.propose(seq, k, TEXT_MIN_CHARS, cursors)
 
     def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
+        self.follow.verified(req.rid, accepted)
         drafted = self._source.pop(req.rid, None)
         if drafted is None:
             return
@@ -237,6 +252,7 @@ class NgramProposer:
     def on_finish(self, req: Req) -> None:
         for table in (self._text, self._cursors, self._source, self._own_acceptance, self._breaks):
             table.pop(req.rid, None)
+        self.follow.finish(req.rid)
         own = self._own.pop(req.rid, None)
         if own is not None:
             self.live.remove(req.namespace, own)
@@ -251,6 +267,7 @@ class NgramProposer:
         assert not idle or not (self._text or self._cursors or self._source or self._own_acceptance
                                 or self._breaks), "text indexes / cursors / own-text state left while idle"
         assert not idle or not len(self.live), "live n-gram tables left while idle"
+        assert not idle or not len(self.follow), "cursors into other requests' text left while idle"
 
 
 class SpecController:

@@ -31,6 +31,7 @@ class Proposal(NamedTuple):
     tokens: list[int]
     match: int  # length of the suffix matched (0: no proposal)
     source: int | None = None  # where tokens start in the request's own sequence (None: another source)
+    shared: tuple[list[int], int] | None = None  # another running request's tokens, where the draft starts
 
 
 def nearest_after(ends: Sequence[int], spans: Sequence[tuple[int, int]]) -> int | None:
@@ -137,14 +138,19 @@ class LiveNgrams:
 
     def lookup(self, namespace: str, seq: list[int], n: int, k: int, asker: NgramIndex) -> list[int]:
         """Up to k tokens continuing seq's last n tokens in another running request's text ([] if none)."""
+        found = self.find(namespace, seq, n, asker)
+        return [] if found is None else found[0][found[1] : found[1] + k]
+
+    def find(self, namespace: str, seq: list[int], n: int, asker: NgramIndex) -> tuple[list[int], int] | None:
+        """(another running request's tokens, the position after its occurrence of seq's last n tokens)."""
         table = self._maps.get(namespace)
         if table is None or n > len(seq):
-            return []
+            return None
         found = table.get(tuple(seq[-n:]))
         if found is None or found[0] is asker:
-            return []
+            return None
         owner, end = found
-        return owner.tokens[end : end + k]
+        return owner.tokens, end
 
     def has(self, namespace: str, key: tuple[int, ...]) -> bool:
         """Whether any running request of the namespace wrote this n-gram (the asker included)."""
@@ -228,9 +234,10 @@ def propose_ngram(seq: list[int], own: NgramIndex, corpus: NgramCorpus | None, n
         if n < own.shared_min_n:
             continue
         if live is not None:
-            cont = live.lookup(namespace, seq, n, k, own)
-            if cont:
-                return Proposal(cont, n)
+            found = live.find(namespace, seq, n, own)
+            if found is not None and found[1] < len(found[0]):
+                tokens, end = found
+                return Proposal(tokens[end : end + k], n, None, found)
         if corpus is not None:
             found = corpus.lookup(namespace, seq, n)
             if found:
