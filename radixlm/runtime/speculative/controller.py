@@ -192,7 +192,7 @@ class NgramProposer:
                 own = self._propose_one(req, k, self.min_n, False)
                 p = own if own.source is not None else p
             if p.shared is not None:
-                self.follow.drafted(req.rid, p.shared, len(req.full_ids()))
+                self.follow.drafted(req.rid, p.shared, req.seq_len())
             tokens = p.tokens
             if p.source is not None:
                 seq = req.full_ids()  # one copy of the prompt + output for the cuts below

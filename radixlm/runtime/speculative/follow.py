@@ -12,8 +12,9 @@ request, moved by what is accepted, and dropped as soon as the request writes a 
 have (a value of its own, a departure). After a departure the source is searched a little further on for
 the request's last RESYNC_MATCH tokens: a JSON answer that wrote one value its own way ('"email": "jemel'
 for 'emeka') rejoins the source after it ('.4@example.com", "city": ...'). Only other requests' text: the
-request's own text has its own cursors (ngram.NgramIndex.lookup). The source's tokens are the list indexed when the draft was proposed
-(a snapshot); a tenant's cursor only ever points into its own namespace's text (LiveNgrams is per tenant).
+request's own text has its own cursors (ngram.NgramIndex.lookup). The source's tokens are the list indexed
+when the draft was proposed (a snapshot, which outlives the source request's end); a tenant's cursor only
+ever points into its own namespace's text (LiveNgrams is per tenant).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Cursor:
 
 
 class Follow:
+    """Per request: the cursor it follows, this step's draft from another request's text, and where it
+    left the source it followed (kept for a resync until it has written RESYNC_WINDOW more tokens)."""
+
     def __init__(self) -> None:
         self._cursors: dict[str, Cursor] = {}
         self._drafts: dict[str, Cursor] = {}  # this step's drafts from another request's text (at: seq length)
@@ -47,7 +51,8 @@ class Follow:
 
     def propose(self, rid: str, seq: list[int], k: int) -> Proposal:
         """Up to k tokens continuing the source rid follows, with the length of their agreement as the
-        match; empty (and the cursor dropped) where rid has written a token the source does not have."""
+        match. Where rid has written a token the source does not have, the cursor is dropped and the
+        source searched on (_resync): empty until rid's last tokens occur there."""
         cur = self._cursors.get(rid) or self._resync(rid, seq)
         if cur is None:
             return Proposal([], 0)
