@@ -12,7 +12,6 @@ another request running now (ngram.LiveNgrams).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -24,6 +23,7 @@ from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
 from radixlm.runtime.speculative.cost import min_chance, min_expected
 from radixlm.runtime.speculative.follow import Follow
 from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
+from radixlm.runtime.speculative.stats import SpecStats
 from radixlm.runtime.speculative.stop_cut import StopCut
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
@@ -126,27 +126,6 @@ class Proposer(Protocol):
     def flush(self) -> None: ...
 
     def check_integrity(self, idle: bool) -> None: ...
-
-
-@dataclass
-class SpecStats:
-    """Totals since start (the status log line and the server info read them)."""
-
-    num_verify_rows: int = 0  # rows that carried a draft
-    num_proposed: int = 0
-    num_accepted: int = 0
-    num_emitted: int = 0  # tokens those rows produced (accepted + the one sampled after them)
-    per_k: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        rows = max(1, self.num_verify_rows)
-        return {"spec_verify_rows": self.num_verify_rows, "spec_proposed_tokens": self.num_proposed,
-                "spec_accepted_tokens": self.num_accepted, "spec_acceptance_rate": self.acceptance_rate,
-                "spec_tokens_per_verify_row": self.num_emitted / rows}
 
 
 class NgramProposer:
