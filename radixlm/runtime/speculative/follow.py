@@ -58,9 +58,9 @@ class Follow:
             return Proposal([], 0)
         done = len(seq) - cur.at
         start = cur.pos + done
-        if done < 0 or start >= len(cur.tokens) or cur.tokens[cur.pos : start] != seq[cur.at :]:
+        same = _agree(cur, seq) if done >= 0 else 0
+        if done < 0 or same < done or start >= len(cur.tokens):
             del self._cursors[rid]
-            same = 0 if done < 0 else _agree(cur, seq)
             self._lost[rid] = Cursor(cur.tokens, cur.pos + same, cur.at + same)
             cur = self._resync(rid, seq)
             if cur is None:
