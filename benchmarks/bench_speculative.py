@@ -120,7 +120,7 @@ def run_worker(args) -> None:
     from radixlm.runtime.engine import Engine
 
     results = {}
-    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args, args.side == "on")) as eng:
+    with Engine(args.model_path, **_engine_options(args), **_spec_options(args, args.side == "on")) as eng:
         if args.oracle and args.side == "on":
             _install_oracle(eng, args)
         for name in args.workloads:
@@ -139,7 +139,7 @@ def serve_worker(args) -> None:
     each line "name batch" on stdin with one timed run's result as a JSON line."""
     from radixlm.runtime.engine import Engine
 
-    with Engine(args.model_path, num_threads=args.threads, **_spec_options(args, args.side == "on")) as eng:
+    with Engine(args.model_path, **_engine_options(args), **_spec_options(args, args.side == "on")) as eng:
         if args.oracle and args.side == "on":
             _install_oracle(eng, args)
         if args.warmup:
@@ -201,6 +201,11 @@ def _install_oracle(eng, args) -> None:
     spec.proposer = OracleProposer(truth)
 
 
+def _engine_options(args) -> dict:
+    """What both sides share: threads (CPU) and dtype (auto: fp32 on CPU, bf16 on CUDA)."""
+    return {"num_threads": args.threads, "dtype": args.dtype}
+
+
 def _spec_options(args, on: bool) -> dict:
     if not on:
         return {}
@@ -246,10 +251,10 @@ def interleaved(args) -> None:
     from radixlm.runtime.engine import Engine
 
     spec = _spec_options(args, on=True)
-    print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  k={args.k}  new={args.new}  pairs={args.repeats}"
+    print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  dtype={args.dtype}  k={args.k}  new={args.new}  pairs={args.repeats}"
           f"  warmup={args.warmup}")
     print(f"{'workload':10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} {'accept':>7s} {'tok/fwd':>8s} same")
-    with Engine(args.model_path, num_threads=args.threads, **spec) as eng:
+    with Engine(args.model_path, **_engine_options(args), **spec) as eng:
         sched, ctl = eng.scheduler, eng.scheduler.spec
 
         def toggle(on: bool) -> None:
@@ -302,7 +307,7 @@ def live(args) -> None:
     try:
         for proc in workers.values():  # both loaded and warmed up before anything is timed
             _expect_ready(proc)
-        print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  k={args.k}  new={args.new}  pairs={args.repeats}"
+        print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  dtype={args.dtype}  k={args.k}  new={args.new}  pairs={args.repeats}"
               f"  warmup={args.warmup}  min_match={args.ngram_min_match}  batch_cap={args.batch_cap}  (live workers)")
         print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} "
               f"{'range':>11s} {'accept':>7s} {'tok/fwd':>8s} same", flush=True)
@@ -377,7 +382,7 @@ def forward_costs(args) -> None:
     from radixlm.runtime.scheduler.request import Req
     from radixlm.sampling_params import SamplingParams
 
-    with Engine(args.model_path, num_threads=args.threads) as eng:
+    with Engine(args.model_path, **_engine_options(args)) as eng:
         sched = eng.scheduler
         runner, kv = sched.runner, sched.kv
         ctx = 512
@@ -416,6 +421,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", type=int, default=None, help="speculative_num_draft_tokens (default: the engine's)")
     ap.add_argument("--threads", type=int, default=None, help="num_threads of both sides (default: the engine's)")
+    ap.add_argument("--dtype", default="auto", help="model dtype of both sides (auto: fp32 on CPU, bf16 on CUDA)")
     ap.add_argument("--workloads", nargs="+", default=["json", "code", "chat", "free"], choices=list(WORKLOADS))
     ap.add_argument("--min-acceptance", type=float, default=0.25, help="speculative_min_acceptance (0: never pause)")
     ap.add_argument("--ngram-min-match", type=int, default=3, help="speculative_ngram_min_match")
@@ -474,6 +480,7 @@ def _worker_cmd(args, side: str, mode: str = "--worker") -> list[str]:
         cmd += ["--batch-cap", str(args.batch_cap)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    cmd += ["--dtype", args.dtype]
     if args.model_path:
         cmd += ["--model-path", args.model_path]
     return cmd

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a lent machine (issue 7 item 5), from a fresh checkout, in under 5 minutes on one H200.
 # Uses only what that machine has (python3 with torch, triton, transformers; pytest if present):
-#   1. tests/kernels natively on CUDA (the same tests CI runs under TRITON_INTERPRET=1), if pytest exists;
+#   1. tests/kernels natively on CUDA (the same tests CI runs under TRITON_INTERPRET=1), if pytest exists,
+#      but for the compiled CPU ops' tests (test_cpu_*: they build C++ with g++ and say nothing of the GPU);
 #   2. benchmarks/bench_kernels.py: every kernel vs its reference at realistic shapes, decode-attention
 #      bandwidth vs a measured device-to-device copy, and its table;
 #   3. benchmarks/bench_gpu_e2e.py --quick: the Engine in bf16 on SmolLM2 (random weights when it is not
@@ -27,7 +28,8 @@ print('gpu:', torch.cuda.get_device_name(), '| torch', torch.__version__, '| tri
 status=0
 if "$PY" -c "import pytest" 2>/dev/null; then
     # -c /dev/null: no project ini (it asks for plugins the machine may lack); rootdir stays the repo
-    timeout 75 "$PY" -m pytest -q -p no:cacheprovider -c /dev/null --rootdir "$PWD" tests/kernels || status=1
+    timeout 75 "$PY" -m pytest -q -p no:cacheprovider -c /dev/null --rootdir "$PWD" --durations=5 \
+        --ignore-glob='tests/kernels/test_cpu_*' tests/kernels || status=1
 else
     echo "pytest missing: skipping tests/kernels"
 fi

@@ -96,9 +96,13 @@ def _cdiv_at_least_1(a: int, b: int) -> int:
     return max(1, (a + b - 1) // b)
 
 
-def _default_blocks(head_dim: int) -> tuple[int, int]:
+def _default_blocks(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
     if interpreting():
         return 32, 32  # the interpreter pays per op, not per element: few big blocks are fastest
+    if dtype == torch.float32:
+        # exact fp32 dots take no tensor cores: 64x64 tiles spill registers and ran 14-30x slower than
+        # 16x64 on an H200 (docs/benchmarks.md, "GPU")
+        return 16, 64
     return (64, 64) if head_dim <= 128 else (32, 32)
 
 
@@ -120,7 +124,7 @@ def extend_attention(
         return output
     if max_extend_len is None:
         max_extend_len = int((seq_lens - prefix_lens).max().item())
-    default_m, default_n = _default_blocks(head_dim)
+    default_m, default_n = _default_blocks(head_dim, q.dtype)
     block_m, block_n = block_m or default_m, block_n or default_n
     grid = (batch, num_heads, _cdiv_at_least_1(max_extend_len, block_m))
     extra = {} if interpreting() else {"num_warps": 4, "num_stages": 2}

@@ -50,7 +50,10 @@ def build_scheduler(config: EngineConfig) -> BuiltScheduler:
                         ReqToTokenTable(sc.max_running_requests, info.context_len + 1, runner.device),
                         config.cache.disable_radix_cache)
     if runner.wants_cuda_graphs(mc):
-        runner.capture_decode_graphs(kv.table.table, mc.cuda_graph_max_bs or min(sc.max_running_requests, 128))
+        max_bs = mc.cuda_graph_max_bs or min(sc.max_running_requests, 128)
+        runner.capture_decode_graphs(kv.table.table, max_bs)
+        if config.speculative.algorithm is not None:  # verify rows: the last token and up to max_draft more
+            runner.capture_verify_graphs(kv.table.table, max_bs, 1 + config.speculative.max_draft)
     eos = eos_token_ids(tokenizer, hf_config, model_dir)
     grammar = GrammarManager(tokenizer, info.vocab_size, config.grammar)
     outputs = OutputProcessor(tokenizer, info.vocab_size, eos, info.context_len, grammar, kv.truncate)

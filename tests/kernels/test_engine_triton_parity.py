@@ -62,3 +62,50 @@ def test_graph_buckets():
     assert default_buckets(12) == [1, 2, 4, 8, 12]
     b = default_buckets(160)
     assert b[:4] == [1, 2, 4, 8] and b[-1] == 160 and 64 in b and 80 in b and b == sorted(set(b))
+
+
+def test_ngram_speculation_with_triton_attention(tiny_llama_dir, device):
+    """NGRAM verify steps (extend rows of 1 + k tokens over cached prefixes) through the Triton backend: the
+    same greedy ids as without speculation, and a repeat drafted from the cache is mostly accepted."""
+    from radixlm.runtime.engine import Engine
+
+    prompts = ["1 2 3 4 1 2 3 4 1 2", "def main():\n    print(1)\ndef main():"]
+    params = {"max_new_tokens": 12, "temperature": 0}
+    expected = hf_greedy_ids(tiny_llama_dir, prompts, params["max_new_tokens"])
+    with Engine(str(tiny_llama_dir), attention_backend="triton", device=str(device), dtype="float32",
+                max_total_tokens=512, speculative_algorithm="NGRAM", speculative_num_draft_tokens=4) as engine:
+        assert [r["output_ids"] for r in engine.generate(prompts, params)] == expected
+        again = engine.generate(prompts, params)  # the first run's outputs are in the cache: drafted
+        assert [r["output_ids"] for r in again] == expected
+        assert sum(r["meta_info"]["spec_accepted_tokens"] for r in again) >= params["max_new_tokens"]
+        engine.check_integrity()
+
+
+def test_ngram_speculation_through_verify_graphs(tiny_llama_dir, device):
+    """Verify steps replayed through the verify graphs' padded rows (width 1 + k; short rows, plain decode
+    rows and unused bucket rows padded) give the same greedy ids; on CPU the graphs replay eagerly."""
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.model.cuda_graph import CudaGraph, EagerGraph
+
+    prompts = ["1 2 3 4 1 2 3 4 1 2", "def main():\n    print(1)\ndef main():", "Paris"]
+    lengths = [12, 10, 7]
+    expected = [ids[:n] for ids, n in zip(hf_greedy_ids(tiny_llama_dir, prompts, max(lengths)), lengths)]
+    graph_cls = CudaGraph if device.type == "cuda" else EagerGraph
+    with Engine(str(tiny_llama_dir), attention_backend="triton", device=str(device), dtype="float32",
+                max_total_tokens=512, disable_cuda_graph=True, speculative_algorithm="NGRAM",
+                speculative_num_draft_tokens=4) as engine:
+        runner = engine.runner
+        engine._loop.call(lambda: runner.capture_verify_graphs(engine.scheduler.kv.table.table, 4, 5, graph_cls))
+        assert runner.verify_graphs.buckets == [1, 2, 4]
+        replayed: list[tuple[int, int]] = []  # (rows, tokens) of each replayed step
+        replay = runner.verify_graphs.replay
+        runner.verify_graphs.replay = lambda batch, idx: (replayed.append((len(batch.rows), batch.num_tokens))
+                                                          or replay(batch, idx))
+        params = [{"max_new_tokens": n, "temperature": 0} for n in lengths]
+        assert [r["output_ids"] for r in engine.generate(prompts, params)] == expected
+        again = engine.generate(prompts, params)  # drafted from the first run's outputs in the cache
+        assert [r["output_ids"] for r in again] == expected
+        assert sum(r["meta_info"]["spec_accepted_tokens"] for r in again) >= max(lengths)
+        assert any(tokens > rows for rows, tokens in replayed), replayed  # steps with drafts were replayed
+        assert {3, 2, 1} & {rows for rows, _ in replayed}, replayed
+        engine.check_integrity()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+pytest.importorskip("outlines_core")  # the grammar backend the builder compiles with (absent on a bare GPU machine)
 
 from radixlm.constrained import GrammarOptions, make_backend  # noqa: E402
 from radixlm.constrained.bitmask import MaskBuilder, _apply_bits_device, apply_grammar_mask  # noqa: E402

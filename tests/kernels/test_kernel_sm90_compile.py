@@ -104,9 +104,10 @@ def launch_attention(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head
 def main() -> None:
     with recorded_launches() as calls:
         launch_pointwise()
-        for config in [(torch.bfloat16, 32, 8, 128), (torch.bfloat16, 9, 3, 64)]:  # Llama-3-8B, SmolLM2
+        # Llama-3-8B, SmolLM2, and SmolLM2 in fp32 (its own extend tiles: extend_attention._default_blocks)
+        for config in [(torch.bfloat16, 32, 8, 128), (torch.bfloat16, 9, 3, 64), (torch.float32, 9, 3, 64)]:
             launch_attention(*config)
-    assert len(calls) == 13, len(calls)
+    assert len(calls) == 16, len(calls)
     for fn, args, kwargs in calls:
         compile_sm90(fn, args, dict(kwargs))
     print(f"compiled {len(calls)} kernel launches for sm_90")

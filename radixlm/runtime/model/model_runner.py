@@ -22,6 +22,7 @@ from radixlm.runtime.model.layout_probe import probe_layout
 from radixlm.runtime.model.quant.setup import apply_plan, plan_weights
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
+from radixlm.runtime.model.verify_graph import VerifyGraphRunner
 from radixlm.runtime.model.weight_layout import apply_weight_layout, resolve_layout
 
 logger = logging.getLogger(__name__)
@@ -183,6 +184,7 @@ class ModelRunner:
         self.backend = self._attention_backend(model_config.attention_backend)
         self.sm_scale = d.head_dim ** -0.5
         self.graphs: DecodeGraphRunner | None = None  # set by capture_decode_graphs (CUDA only)
+        self.verify_graphs: VerifyGraphRunner | None = None  # set by capture_verify_graphs (speculation)
         self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
                                torch.get_num_threads(),
                                self.context_len, self.max_total_tokens, d.vocab_size, str(model_dir),
@@ -226,6 +228,14 @@ class ModelRunner:
                                         graph_cls)
         logger.info("decode graphs captured in %.2fs", time.perf_counter() - t0)
 
+    def capture_verify_graphs(self, req_to_token: torch.Tensor, max_bs: int, width: int,
+                              graph_cls: type = CudaGraph) -> None:
+        """Capture speculative verify steps (rows of up to `width` tokens) for batch sizes up to max_bs."""
+        t0 = time.perf_counter()
+        self.verify_graphs = VerifyGraphRunner(self._run_model, req_to_token, self.sm_scale, max_bs, width,
+                                               self.device, graph_cls)
+        logger.info("verify graphs captured in %.2fs", time.perf_counter() - t0)
+
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, logits_indices: torch.Tensor,
                    argmax_only: bool = False) -> torch.Tensor:
         return self.model(input_ids, positions, self.backend, self.kv_pool, meta, logits_indices, argmax_only)
@@ -238,6 +248,8 @@ class ModelRunner:
             self.threads.apply(batch.num_tokens, self.guard.threads() if guarded else None)
         if self.graphs is not None and self.graphs.can_run(batch.meta, batch.input_ids, logits_indices):
             return self.graphs.replay(batch.input_ids, batch.positions, batch.meta)
+        if self.verify_graphs is not None and self.verify_graphs.can_run(batch, logits_indices):
+            return self.verify_graphs.replay(batch, logits_indices)
         if self.tp is not None:  # the worker ranks run the same step on their shards
             self.tp.send_step(batch, logits_indices)
         t0 = time.perf_counter()
