@@ -45,6 +45,7 @@ def test_greedy_identical_and_repeats_are_drafted_from_the_cache(plain, spec):
     assert ids(again) == want
     stats = spec.scheduler.spec.stats
     assert stats.num_accepted > 0 and stats.num_emitted > stats.num_verify_rows
+    assert spec.scheduler.spec.observes_after_launch  # the scheduler indexes text after each launch
     for r in again:  # meta_info reports the drafts; the repeat is mostly accepted
         meta = r["meta_info"]
         assert meta["spec_accepted_tokens"] <= meta["spec_proposed_tokens"]

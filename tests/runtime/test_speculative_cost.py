@@ -4,7 +4,7 @@ its place in the step, larger batches take shorter drafts, and the default draft
 from __future__ import annotations
 
 from radixlm.runtime.config import SpeculativeConfig
-from radixlm.runtime.speculative.adaptive import FIRST_PRIOR, AdaptiveState
+from radixlm.runtime.speculative.adaptive import DRY_LOOKUPS, DRY_SKIP, FIRST_PRIOR, AdaptiveState
 from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
                                                     ONE_ROW_CHANCE, NgramProposer, SpecController)
 from radixlm.runtime.speculative.cost import min_chance, min_expected
@@ -136,3 +136,82 @@ def test_a_lone_unlikely_request_asks_no_draft_model():
         ctl._state["d"].update(2, 0, 2, 0.0)  # first tokens rejected
     assert ctl.propose([req]) == [[]] and proposer.asked == 1
     assert ctl.propose([req, _req("e", REPEAT)])[1] == [9, 8] and proposer.asked == 2  # two rows: asked
+
+
+class _Counting:
+    """A cheap proposer that records what it is asked: a fixed draft for the requests named in `finds`."""
+    cheap = True
+
+    def __init__(self, finds=()):
+        self.finds, self.asked, self.observed = set(finds), [], 0
+
+    def observe(self, reqs):
+        self.observed += 1
+
+    def propose(self, reqs, ks, copying, large_batch=False):
+        self.asked.append([r.rid for r in reqs])
+        return [([9, 8], 8, None) if r.rid in self.finds else ([], 0, None) for r in reqs]
+
+    def on_verified(self, req, proposed, accepted):
+        pass
+
+
+def _counting_controller(finds=()):
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
+    proposer = _Counting(finds)
+    return SpecController(config, proposer, context_len=1024, one_call_decode=False), proposer
+
+
+def test_a_large_step_whose_drafts_could_not_pay_looks_nothing_up():
+    ctl, proposer = _counting_controller()
+    reqs = [_req(f"r{i}", REPEAT) for i in range(16)]
+    for r in reqs:  # each chance pays for a draft, but together they cannot pay for the step
+        ctl._state[r.rid] = AdaptiveState(2, first_hits=0.25, first_tries=1.0)
+    assert ctl._state["r0"].first_chance() >= min_chance(16)
+    assert sum(s.first_chance() * 2 for s in ctl._state.values()) < min_expected(16)
+    assert ctl.propose(reqs) == [[]] * 16 and proposer.asked == []
+    ctl._state["r3"].streak = LARGE_BATCH_STREAK  # a request on a streak keeps its draft: the step looks up
+    ctl.propose(reqs)
+    assert len(proposer.asked) == 1
+
+
+def test_dry_lookups_back_off_in_large_steps_and_resume():
+    ctl, proposer = _counting_controller(finds={"hit"})
+    reqs = [_req("hit", REPEAT)] + [_req(f"dry{i}", REPEAT) for i in range(LARGE_BATCH - 1)]
+    ctl._state["hit"] = AdaptiveState(2, streak=LARGE_BATCH_STREAK)  # its drafts are kept in large steps
+    for _ in range(DRY_LOOKUPS):
+        drafts = ctl.propose(reqs)
+        assert drafts[0] == [9, 8] and drafts[1:] == [[]] * (LARGE_BATCH - 1)
+    for _ in range(DRY_SKIP):  # the dry requests are skipped; the one whose lookups give drafts is not
+        assert ctl.propose(reqs)[0] == [9, 8] and proposer.asked[-1] == ["hit"]
+    ctl.propose(reqs)
+    assert len(proposer.asked[-1]) == LARGE_BATCH  # the skip is over: looked up again
+    small = reqs[:2]  # below LARGE_BATCH nothing is skipped
+    ctl.propose(small)
+    assert proposer.asked[-1] == ["hit", "dry0"]
+
+
+def test_the_skip_doubles_while_lookups_stay_dry():
+    state = AdaptiveState(4)
+    skips = []
+    for _ in range(3):
+        for _ in range(DRY_LOOKUPS):
+            assert not state.dry()
+            state.looked_up(False)
+        n = 0
+        while state.dry():
+            n += 1
+        skips.append(n)
+    assert skips == [DRY_SKIP, 2 * DRY_SKIP, 4 * DRY_SKIP]
+    state.looked_up(True)
+    assert state.next_skip == DRY_SKIP and state.dry_lookups == 0
+
+
+def test_indexing_moves_after_the_launch_once_the_scheduler_observes():
+    ctl, proposer = _counting_controller()
+    reqs = [_req("a", REPEAT)]
+    ctl.propose(reqs)
+    assert proposer.observed == 1  # alone (tests, tools): propose indexes first
+    ctl.observe(reqs)  # the scheduler, after launching a step
+    ctl.propose(reqs)
+    assert proposer.observed == 2 and ctl.observes_after_launch

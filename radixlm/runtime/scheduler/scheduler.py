@@ -113,6 +113,8 @@ class Scheduler:
         batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
         plan = self.out.plan_logits(batch)
         logits = self.runner.forward(batch, plan.indices, plan.argmax_only)
+        if self.spec is not None:  # while the device runs the step (a GPU forward returns at launch)
+            self.spec.observe(self.running)
         self.num_forward_steps += 1
         self.num_computed_tokens += batch.num_tokens
         step_outputs, finished = self.out.process(batch, plan, logits)

@@ -25,6 +25,13 @@ MAX_COOLDOWN = 256
 # below (0.25) at 8+ rows (replayed free text at batch 16: 221 -> 89 draft tokens; prior 0.6 or 0.7: 134).
 FIRST_PRIOR = 0.5
 FIRST_DECAY = 0.8
+# In a step of many rows (controller.LARGE_BATCH), a request whose last DRY_LOOKUPS lookups gave no draft
+# that was verified (free text: no match, or a match too weak to keep) skips its lookups for DRY_SKIP steps, doubling up to DRY_MAX_SKIP while they keep finding
+# nothing: on a GPU a 16-row decode step takes ~3 ms, and the lookups of 16 such requests cost the host a
+# tenth of that every step (docs/benchmarks.md, "GPU").
+DRY_LOOKUPS = 8
+DRY_SKIP = 8
+DRY_MAX_SKIP = 64
 
 
 @dataclass
@@ -37,10 +44,30 @@ class AdaptiveState:
     first_tries: float = 0.0  # drafts verified (decayed alike)
     streak: int = 0  # consecutive drafts accepted whole (a request copying long runs)
     missed: bool = False  # its last draft had no token accepted
+    dry_lookups: int = 0  # consecutive large-step lookups that found nothing
+    skip: int = 0  # large steps left without lookups
+    next_skip: int = DRY_SKIP
 
     def first_chance(self) -> float:
         """The estimated probability that the next draft's first token is accepted."""
         return (self.first_hits + FIRST_PRIOR) / (self.first_tries + 1.0)
+
+    def dry(self) -> bool:
+        """Whether this large step skips the request's lookup (counting the skip down)."""
+        if self.skip > 0:
+            self.skip -= 1
+            return True
+        return False
+
+    def looked_up(self, found: bool) -> None:
+        """A large step's lookup for this request gave a draft that is verified, or not."""
+        if found:
+            self.dry_lookups, self.next_skip = 0, DRY_SKIP
+            return
+        self.dry_lookups += 1
+        if self.dry_lookups >= DRY_LOOKUPS:
+            self.skip, self.dry_lookups = self.next_skip, 0
+            self.next_skip = min(DRY_MAX_SKIP, 2 * self.next_skip)
 
     def wants_proposal(self) -> bool:
         if self.cooldown > 0:

@@ -260,19 +260,21 @@ class SpecController:
         self.max_k = config.max_draft
         self.cost_aware = COST_AWARE
         self.stats = SpecStats()
+        self.observes_after_launch = False  # set by the first observe(): the scheduler indexes after launches
         self._state: dict[str, AdaptiveState] = {}
         self._q: dict[str, torch.Tensor] = {}  # this step's sampled drafts' distributions (verify.py)
 
     def propose(self, reqs: list[Req], running: list[Req] | None = None) -> list[list[int]]:
         """Draft tokens per decoding request ([] = a plain decode row); running: every running request
         (decoding or still prefilling), whose text proposals may continue."""
-        self.proposer.observe(running if running is not None else reqs)
         chosen, ks, copying, strong_only = [], [], [], set()
         large = len(reqs) >= LARGE_BATCH
         need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
             k, active = self._budget(req)
             state = self._state[req.rid]
+            if large and state.dry():
+                continue  # its lookups have found nothing for a while (adaptive.DRY_LOOKUPS)
             if large and state.streak < LARGE_BATCH_STREAK:
                 k = min(k, LARGE_BATCH_MAX_DRAFT)
             if state.first_chance() < need:
@@ -288,6 +290,10 @@ class SpecController:
                                and not (large and state.missed))
                 if not active or unlikely:  # paused, or alone and unlikely: only a strong match is kept
                     strong_only.add(req.rid)
+        if large and self.cost_aware and not self._may_pay(chosen, ks, len(reqs)):
+            chosen = []  # _step_pays would drop every draft: no lookups (on a GPU the host's time is the step's)
+        if not self.observes_after_launch:
+            self.proposer.observe(running if running is not None else reqs)
         proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
         drafts = dict(zip((r.rid for r in chosen), proposals))
         self._q.clear()
@@ -306,11 +312,30 @@ class SpecController:
             out = [d if self._state[r.rid].streak >= LARGE_BATCH_STREAK else [] for r, d in zip(reqs, out)]
         if self.config.speculative_max_batch_draft_tokens is not None:
             out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
+        if large:  # a lookup whose draft is dropped (paused, not paying) was as dry as one that found nothing
+            for req, draft in zip(reqs, out):
+                if req.rid in drafts:
+                    self._state[req.rid].looked_up(bool(draft))
         for req, draft in zip(reqs, out):
             q = drafts.get(req.rid, (None, None, None))[2]
             if draft and q is not None:
                 self._q[req.rid] = q[: len(draft)]
         return out
+
+    def observe(self, running: list[Req]) -> None:
+        """Index the running requests' text while the device runs the step just launched (the scheduler
+        calls this after each launch): on a GPU the host's work is hidden there. From the first call on,
+        propose leaves indexing to it, so at a proposal the newest token of a request that looks nothing
+        up is not yet indexed (an n-gram continuing with it matters only where a token repeats itself)."""
+        self.observes_after_launch = True
+        self.proposer.observe(running)
+
+    def _may_pay(self, chosen: list[Req], ks: list[int], rows: int) -> bool:
+        """Whether any draft could survive _step_pays: a request on a streak keeps its draft, and the others'
+        drafts can expect at most first_chance * k accepted tokens each."""
+        states = [self._state[r.rid] for r in chosen]
+        return (any(s.streak >= LARGE_BATCH_STREAK for s in states)
+                or sum(s.first_chance() * k for s, k in zip(states, ks)) >= min_expected(rows))
 
     def _step_pays(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
         """Whether the drafts' expected accepted tokens reach what a large step asks of them
