@@ -5,9 +5,10 @@ noticeably: docs/benchmarks.md), so a request whose proposals keep being rejecte
 plain decode. Each request keeps an exponential average of its acceptance rate (accepted / proposed per
 step): below `min_acceptance` its draft length halves; at 1 it stops proposing for a cool-down that doubles
 each time it is re-entered (a request whose text does not repeat quickly ends up speculating almost never).
-Good acceptance grows the length back to the maximum. Steps without a proposal cost nothing. During a
-pause an n-gram match of 6+ tokens is still proposed (a lookup costs no forward); if it is accepted, the
-pause ends.
+Good acceptance grows the length back to the maximum. Steps without a proposal cost no forward, but
+their lookups cost the host, so in large steps lookups that keep giving nothing back off (DRY_LOOKUPS).
+During a pause an n-gram match of 6+ tokens is still proposed (a lookup costs no forward); if it is
+accepted, the pause ends.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ MAX_COOLDOWN = 256
 FIRST_PRIOR = 0.5
 FIRST_DECAY = 0.8
 # In a step of many rows (controller.LARGE_BATCH), a request whose last DRY_LOOKUPS lookups gave no draft
-# that was verified (free text: no match, or a match too weak to keep) skips its lookups for DRY_SKIP steps, doubling up to DRY_MAX_SKIP while they keep finding
-# nothing: on a GPU a 16-row decode step takes ~3 ms, and the lookups of 16 such requests cost the host a
-# tenth of that every step (docs/benchmarks.md, "GPU").
+# that was verified (free text: no match, or a match too weak to keep) skips its lookups for DRY_SKIP
+# steps, doubling up to DRY_MAX_SKIP while they stay dry: on a GPU a 16-row decode step takes ~3 ms, and
+# the lookups of 16 such requests cost the host a tenth of that every step (docs/benchmarks.md, "GPU").
 DRY_LOOKUPS = 8
 DRY_SKIP = 8
 DRY_MAX_SKIP = 64
@@ -44,7 +45,7 @@ class AdaptiveState:
     first_tries: float = 0.0  # drafts verified (decayed alike)
     streak: int = 0  # consecutive drafts accepted whole (a request copying long runs)
     missed: bool = False  # its last draft had no token accepted
-    dry_lookups: int = 0  # consecutive large-step lookups that found nothing
+    dry_lookups: int = 0  # consecutive large-step lookups that gave no verified draft
     skip: int = 0  # large steps left without lookups
     next_skip: int = DRY_SKIP
 
