@@ -7,11 +7,14 @@
 #      bandwidth vs a measured device-to-device copy, and its table;
 #   3. benchmarks/bench_gpu_e2e.py --quick: the Engine in bf16 on SmolLM2 (random weights when it is not
 #      cached) and a random 1B Llama: CUDA graphs vs eager at batch 1, batch-64 throughput and batch-1
-#      decode vs HF generate; its table is printed last.
-# Each part has its own timeout (280 s together, plus start-up); the end-to-end script stops measuring
-# after --budget seconds so that its table still prints. The Engine needs msgspec, which that machine
-# lacks: carry its wheel in .whl/ (docs/engine.md, "GPU path"); wheels found there are installed first.
-# Exit status: non-zero if a kernel test, a reference check or the end-to-end run failed.
+#      decode vs HF generate; its table is printed;
+#   4. only where the real SmolLM2 is there (RADIXLM_DEFAULT_GGUF names its GGUF, or it is converted in
+#      radixlm's cache): benchmarks/bench_speculative.py, speculation on vs off at batch 1 and 16 (issue 19).
+# Each part has its own timeout (380 s together, plus start-up; the H200 took ~145 s for parts 1-3 and
+# ~70 s for part 4); the end-to-end script stops measuring after --budget seconds so that its table still
+# prints. The Engine needs msgspec, pyzmq and platformdirs, which that machine lacks, and the GGUF's
+# conversion gguf: carry their wheels in .whl/ (docs/engine.md, "GPU path"); wheels there are installed first.
+# Exit status: non-zero if a kernel test, a reference check or a benchmark run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -35,4 +38,11 @@ else
 fi
 timeout 85 "$PY" benchmarks/bench_kernels.py "$@" || status=1
 timeout 120 "$PY" benchmarks/bench_gpu_e2e.py --quick --budget 100 || status=1
+cached=$("$PY" -c "from radixlm.runtime.model.loader import cache_root; print(cache_root())" 2>/dev/null)
+if [ -n "${RADIXLM_DEFAULT_GGUF:-}" ] || [ -f "$cached/models/SmolLM2-135M-Instruct/config.json" ]; then
+    timeout 100 "$PY" benchmarks/bench_speculative.py --live --warmup --repeats 2 --workloads json code free \
+        || status=1
+else
+    echo "the real SmolLM2 is not there (RADIXLM_DEFAULT_GGUF unset, not cached): no speculative bench"
+fi
 exit $status
