@@ -111,7 +111,8 @@ def replay(args, data, tok, name: str, batch: int, cost: CostTable) -> dict:
     from radixlm.runtime.messages import FinishReason
     from radixlm.runtime.scheduler.request import Req
     from radixlm.runtime.speculative import controller
-    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
     from radixlm.sampling_params import SamplingParams
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=args.k,

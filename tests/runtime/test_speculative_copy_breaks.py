@@ -8,7 +8,7 @@ import pytest
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.messages import FinishReason
 from radixlm.runtime.scheduler.request import Req
-from radixlm.runtime.speculative import controller as C
+from radixlm.runtime.speculative import ngram_proposer as C
 from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
 from radixlm.runtime.speculative.text_lookup import TokenText
 from radixlm.sampling_params import SamplingParams

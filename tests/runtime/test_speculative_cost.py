@@ -3,11 +3,14 @@ its place in the step, larger batches take shorter drafts, and the default draft
 
 from __future__ import annotations
 
+import pytest
+
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.speculative.adaptive import DRY_LOOKUPS, DRY_SKIP, FIRST_PRIOR, AdaptiveState
 from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
-                                                    ONE_ROW_CHANCE, NgramProposer, SpecController)
+                                                    ONE_ROW_CHANCE, SpecController)
 from radixlm.runtime.speculative.cost import min_chance, min_expected
+from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
 from tests.runtime.test_speculative_verify import _req
 
@@ -143,7 +146,7 @@ class _Counting:
     cheap = True
 
     def __init__(self, finds=()):
-        self.finds, self.asked, self.observed = set(finds), [], 0
+        self.finds, self.asked, self.observed, self.finished = set(finds), [], 0, []
 
     def observe(self, reqs):
         self.observed += 1
@@ -153,6 +156,12 @@ class _Counting:
         return [([9, 8], 8, None) if r.rid in self.finds else ([], 0, None) for r in reqs]
 
     def on_verified(self, req, proposed, accepted):
+        pass
+
+    def on_finish(self, req):
+        self.finished.append(req.rid)
+
+    def check_integrity(self, idle):
         pass
 
 
@@ -215,3 +224,20 @@ def test_indexing_moves_after_the_launch_once_the_scheduler_observes():
     ctl.observe(reqs)  # the scheduler, after launching a step
     ctl.propose(reqs)
     assert proposer.observed == 2 and ctl.observes_after_launch
+
+
+def test_requests_finished_in_a_step_are_let_go_of_after_the_next_launch():
+    """The proposer's part of a finish (text out of the live table, into the corpus) waits for the next
+    launch or the idle loop; an abort's happens at once."""
+    ctl, proposer = _counting_controller()
+    ctl.on_finish(_req("aborted", REPEAT))
+    ctl.on_finish(_req("done", REPEAT), later=True)
+    assert proposer.finished == ["aborted"]
+    with pytest.raises(AssertionError, match="unsettled"):
+        ctl.check_integrity(idle=True)
+    ctl.observe([])  # the scheduler, after launching the next step
+    assert proposer.finished == ["aborted", "done"]
+    ctl.check_integrity(idle=True)
+    ctl.on_finish(_req("last", REPEAT), later=True)
+    ctl.settle()  # the loop, once idle
+    assert proposer.finished[-1] == "last"

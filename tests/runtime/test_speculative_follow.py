@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.messages import FinishReason
-from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+from radixlm.runtime.speculative.controller import SpecController
+from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 from radixlm.runtime.speculative.follow import RESYNC_MATCH, RESYNC_WINDOW, Follow
 from tests.runtime.test_speculative_verify import _req
 

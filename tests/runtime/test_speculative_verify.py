@@ -218,7 +218,8 @@ def _req(rid, ids, namespace="", max_new=16):
 def test_running_requests_text_is_proposed_within_its_namespace_only():
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.messages import FinishReason
-    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
@@ -261,7 +262,8 @@ def test_live_table_keeps_other_writers_when_one_leaves():
 
 def test_short_matches_only_while_copying_and_only_from_own_text():
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
@@ -280,7 +282,8 @@ def test_short_matches_only_while_copying_and_only_from_own_text():
 
 def test_batch_cap_gives_draft_tokens_to_the_best_accepted_requests():
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
                                speculative_max_batch_draft_tokens=6)
@@ -295,7 +298,8 @@ def test_batch_cap_gives_draft_tokens_to_the_best_accepted_requests():
 
 def test_large_batch_needs_a_longer_match_unless_copying():
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import LARGE_BATCH, NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import LARGE_BATCH, SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
@@ -323,7 +327,8 @@ def test_a_missed_draft_ends_copying_for_the_next_one_at_a_large_batch():
     length for its next draft in a large step, however high its acceptance average; a hit makes it copying
     again, and a small step keeps the short matches."""
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import LARGE_BATCH, NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import LARGE_BATCH, SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
@@ -347,7 +352,8 @@ def test_a_request_that_copied_before_keeps_its_own_min_match_at_a_large_batch()
     """A large step asks a request that is not copying for a match 2 tokens longer, unless it has had drafts
     accepted before: then its own text (not others') at speculative_ngram_min_match is proposed."""
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import LARGE_BATCH, NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import LARGE_BATCH, SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
@@ -366,7 +372,8 @@ def test_a_request_that_copied_before_keeps_its_own_min_match_at_a_large_batch()
 
 def test_a_copy_in_progress_continues_at_its_cursor_not_at_the_latest_occurrence():
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     # [1, 2] occurs twice: continued by 3 (position 3) and by 4 (position 7, the latest).
     seq = [10, 1, 2, 3, 11, 1, 2, 4, 1, 2]
@@ -413,7 +420,8 @@ class _WordTokenizer:
 def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.messages import FinishReason
-    from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
+    from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
     ctl = SpecController(config, NgramProposer(config, _WordTokenizer()), context_len=1024)
@@ -435,7 +443,7 @@ def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
 
 def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative import controller as C
+    from radixlm.runtime.speculative import ngram_proposer as C
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
     prop = C.NgramProposer(config)
@@ -471,7 +479,7 @@ def test_agreed_stops_where_another_occurrence_of_the_context_parts():
 
 def test_own_text_drafts_stop_where_the_text_is_ambiguous_at_a_large_batch():
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative import controller as C
+    from radixlm.runtime.speculative import ngram_proposer as C
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6)
     prop = C.NgramProposer(config)

@@ -107,6 +107,8 @@ class SchedulerLoop:
                     return
             if self.scheduler.has_work():
                 self._step()
+            if not self.scheduler.has_work():  # before any message is read: idle checks find it settled
+                self.scheduler.settle()
             self.status.maybe_log(self.scheduler)  # also when idle: work that starts later is measured anew
             self._maybe_heartbeat()
 

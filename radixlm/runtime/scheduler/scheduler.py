@@ -86,6 +86,12 @@ class Scheduler:
             self.spec.on_finish(req)
         return self.out.make_output(req, [])
 
+    def settle(self) -> None:
+        """Housekeeping deferred off the steps' critical path (speculation's finished requests); the loop
+        calls it once idle, after the last outputs have gone."""
+        if self.spec is not None:
+            self.spec.settle()
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.grammar.num_pending())
 
@@ -123,7 +129,7 @@ class Scheduler:
             self.running.remove(req)
             self.kv.release(req)
             if self.spec is not None:
-                self.spec.on_finish(req)
+                self.spec.on_finish(req, later=True)  # settled after the next launch, or once idle
         for row in rows:
             # A prompt (or chunk of one) just computed goes into the tree now, not at finish, so
             # siblings admitted in the next steps share it (SGLang's cache_unfinished_req).

@@ -4,10 +4,12 @@ Runs in the scheduler process. Per step: `propose` gives each decoding request i
 by max_new_tokens, the context, the grammar, the request's stops (stop_cut.py) and its adaptive draft
 length; none where the step's size makes the draft unlikely to pay, cost.py); the scheduler turns
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
-(verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` adds the finished
-sequence to the cross-request n-gram corpus and drops the request's state. Every running request (also
-one still prefilling) is shown to the proposer first, so an n-gram proposal can continue the text of
-another request running now (ngram.LiveNgrams).
+(verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` drops the request's
+state, and the proposer's (a finished sequence goes to the cross-request n-gram corpus) at once for an
+abort, at `settle` for a request finished in a step (after the next launch, or once idle). Every running
+request (also one still prefilling) is shown to the proposer (`observe`, which the scheduler calls right
+after launching each step), so an n-gram proposal can continue the text of another request running now
+(ngram.LiveNgrams). The NGRAM proposer is ngram_proposer.py.
 """
 
 from __future__ import annotations
@@ -19,13 +21,9 @@ import torch
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
 from radixlm.runtime.speculative.cost import min_chance, min_expected
-from radixlm.runtime.speculative.follow import Follow
-from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
 from radixlm.runtime.speculative.stats import SpecStats
 from radixlm.runtime.speculative.stop_cut import StopCut
-from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
 
 # A suffix match at least this long is proposed even while a request's speculation is paused (adaptive.py):
@@ -33,29 +31,29 @@ from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 STRONG_MATCH = 6
 # While a request's drafts are being accepted (one has been, and its acceptance average is at least
 # COPYING_ACCEPTANCE: it is copying text, e.g. values from a record into JSON), a suffix match as short as
-# COPYING_MIN_MATCH in its own tokens is proposed: right after a copied value starts ('"name": "Alice' ->
-# ' Johnson') only its last token matches the source. Otherwise (free text) short matches are mostly
-# wrong: speculative_ngram_min_match. 0.35, not 0.5: a JSON answer's drafts are accepted in part (a value
-# ends where the source's does not), which kept its average around 0.4-0.6 and its short matches off half
-# the time (measured: 2.6 -> 3.4 tokens per forward at batch 1 with the text lookup, docs/benchmarks.md).
+# ngram_proposer.COPYING_MIN_MATCH in its own tokens is proposed: right after a copied value starts
+# ('"name": "Alice' -> ' Johnson') only its last token matches the source. Otherwise (free text) short
+# matches are mostly wrong: speculative_ngram_min_match. 0.35, not 0.5: a JSON answer's drafts are
+# accepted in part (a value ends where the source's does not), which kept its average around 0.4-0.6 and
+# its short matches off half the time (measured: 2.6 -> 3.4 tokens per forward at batch 1 with the text
+# lookup, docs/benchmarks.md).
 # In a step with LARGE_BATCH+ rows a request whose last draft had no token accepted is not copying for its
 # next draft (however high its average): a copy that has just ended (a code block closed, the prose after it
 # begins) would otherwise go on proposing 1-token matches and text lookups for several steps while the
 # average decays, each a draft of verify tokens nobody accepts (code at batch 16; docs/benchmarks.md,
 # session 31).
-COPYING_MIN_MATCH = 1
 COPYING_ACCEPTANCE = 0.35
 # In a step with this many decoding rows the forward is compute-bound (each draft token costs about a
 # token's share of it), and a closed batch runs as long as its slowest request, so a request that is not
-# copying needs a match LARGE_BATCH_EXTRA_MATCH tokens longer than speculative_ngram_min_match (measured:
-# free text at batch 16 0.95x -> 0.97-0.98x of plain decode with 1; 2 since the packed weight layout made a
-# batch-16 decode step cheaper next to its verify tokens; docs/benchmarks.md, runs 4 and 5).
+# copying needs a match ngram_proposer.LARGE_BATCH_EXTRA_MATCH tokens longer than
+# speculative_ngram_min_match (measured: free text at batch 16 0.95x -> 0.97-0.98x of plain decode with 1;
+# 2 since the packed weight layout made a batch-16 decode step cheaper next to its verify tokens;
+# docs/benchmarks.md, runs 4 and 5).
 # Not in its own text once it has had drafts accepted, though: there speculative_ngram_min_match holds (a
 # JSON row that invented part of a value, 'jemel' for 'emeka', copies its record again from '.4@example.com';
 # json at 16 rows: 19 -> 18 steps, 1038 -> 1032 forward tokens; code 78 -> 77 steps, 2302 -> 2255; chat and
 # free unchanged; docs/benchmarks.md, session 34).
 LARGE_BATCH = 8
-LARGE_BATCH_EXTRA_MATCH = 2
 # ... and proposes at most LARGE_BATCH_MAX_DRAFT tokens unless its last LARGE_BATCH_STREAK drafts were
 # accepted whole (speculative_num_draft_tokens bounds the rest): at batch 16 verify tokens are compute-bound,
 # and the drafts that run past 4 tokens are mostly cut (a JSON value's end, free text), while a request
@@ -64,37 +62,6 @@ LARGE_BATCH_EXTRA_MATCH = 2
 # 1.45x -> 1.55x, chat 1.49x -> 1.65x; docs/benchmarks.md).
 LARGE_BATCH_MAX_DRAFT = 4
 LARGE_BATCH_STREAK = 2
-# A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
-# least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
-TEXT_MIN_CHARS = 1
-# A copying request's drafts from its own text (a record's value, a function's lines) can be accepted far
-# less often than those continuing another request's text or the corpus: a copied value ends where its
-# source goes on ('hana.7@example.com' + '. City: ...' in a record, '",' in the JSON answer), and a text
-# lookup's short character match is often the wrong occurrence (json at 16 rows, docs/benchmarks.md
-# session 30). In a step with LARGE_BATCH+ rows, where a draft token costs about half of what an accepted
-# one saves, a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below
-# OWN_WEAK_ACCEPTANCE proposes at most OWN_WEAK_MAX_DRAFT of them. A request starts just below the bar
-# (OWN_PRIOR, near the 36% measured for json's own-text drafts): its first own-text draft in such a step is
-# capped, one accepted whole lifts the cap (0.3 + 0.7 * 0.45 > 0.5), and rejected ones keep it (replayed at
-# 16 rows: json 958 -> 922 draft tokens, code 1532 -> 1500, as many accepted; chat 684 -> 700; session 31).
-# ... and where the other earlier occurrences of its last OWN_AGREE_CONTEXT tokens in its own text continue
-# otherwise, its draft stops where they part (at least OWN_AGREE_MIN tokens are kept): the text is ambiguous
-# there. The record a JSON answer copies from goes on '.com. City:' where the few-shot answer has '.com",',
-# and a few-shot record's '+1-555-0108' shares '+1-555-010' with the record's own number (json at 16 rows:
-# 922 -> 852 draft tokens, 686 -> 680 accepted, the same steps; code and chat unchanged, greedy counts;
-# docs/benchmarks.md, session 33). Only in large steps: at one row, where a draft token costs little, the
-# tokens cut are the ones a lucky guess would have had accepted (json at 1 row: 13 -> 17 steps).
-OWN_AGREE_CONTEXT = 2
-OWN_AGREE_MIN = 1
-# ... and at any batch, its own-text drafts stop where its copies have ended more often than gone on: the
-# copies inside its prompt (a few-shot record and its answer) and its verified drafts teach where
-# (copy_breaks.py; json at 16 rows: 852 -> 813 draft tokens, 680 -> 695 accepted; at 1 row 85 -> 67 draft
-# tokens, as many accepted; docs/benchmarks.md, session 34). The agreement above keeps a token; this cut
-# may leave none: the signature has ended copies, the other occurrences have only differed.
-OWN_EMA_WEIGHT = 0.3
-OWN_WEAK_ACCEPTANCE = 0.5
-OWN_WEAK_MAX_DRAFT = 2
-OWN_PRIOR = 0.45
 # Where a lone decoding row steps through the model in one call (the CPU's cpu_ops.decode_stack: the GEMV and
 # the bf16-read argmax head), a verify row of 1 + k tokens takes the module path: ~1.3-1.5x that step
 # with 1-3 draft tokens (the tiled GEMV's few rows), 1.5-2x with more (oneDNN's GEMMs; docs/benchmarks.md,
@@ -102,7 +69,6 @@ OWN_PRIOR = 0.45
 # while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
 ONE_ROW_CHANCE = 0.35
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
-CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 
 
 class Proposer(Protocol):
@@ -116,7 +82,7 @@ class Proposer(Protocol):
         has LARGE_BATCH+ decoding rows (an n-gram proposer then wants a longer match from the others)."""
 
     def observe(self, reqs: list[Req]) -> None:
-        """The running requests' tokens so far (before this step's proposals)."""
+        """The running requests' tokens so far (after a step's launch, or before proposals without one)."""
 
     def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
         """How many of req's draft tokens of this step were verified, and accepted."""
@@ -126,127 +92,6 @@ class Proposer(Protocol):
     def flush(self) -> None: ...
 
     def check_integrity(self, idle: bool) -> None: ...
-
-
-class NgramProposer:
-    cheap = True
-
-    def __init__(self, config: SpeculativeConfig, tokenizer=None):
-        self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
-        self.short_n = min(self.min_n, COPYING_MIN_MATCH)
-        self.corpus = NgramCorpus(self.min_n, self.max_n, config.max_draft)
-        self.live = LiveNgrams()
-        self._own: dict[str, NgramIndex] = {}
-        self.text_of = TokenText(tokenizer) if tokenizer is not None else None  # None: no text lookup
-        self._text: dict[str, TextIndex] = {}
-        self._cursors: dict[str, list[int]] = {}  # rid -> positions after its latest accepted copies
-        self._source: dict[str, tuple[int, list[int]]] = {}  # rid -> this step's own-text draft, where it starts
-        self._signatures = Signatures(self.text_of)
-        self._breaks: dict[str, CopyBreaks] = {}  # rid -> where its copies end (learned from its prompt first)
-        self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
-        self.own_prior = OWN_PRIOR  # the average before a request's first own-text draft is verified
-        self.follow = Follow()  # where each request copies another running request's text (follow.py)
-
-    def _index(self, req: Req) -> NgramIndex:
-        own = self._own.get(req.rid)
-        if own is None:
-            own = self._own[req.rid] = NgramIndex(self.short_n, self.max_n, self.live.table(req.namespace),
-                                                  self.min_n)
-        return own
-
-    def observe(self, reqs: list[Req]) -> None:
-        for req in reqs:  # incremental: only tokens added since the last step are indexed
-            self._index(req).observe(req.full_ids())
-
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
-                ) -> list[tuple[list[int], int, None]]:
-        # the shortest match for a request not copying
-        weak = min(self.min_n + LARGE_BATCH_EXTRA_MATCH * large_batch, self.max_n)
-        self._source.clear()
-        self.follow.new_step()
-        out = []
-        for req, k, copy in zip(reqs, ks, copying):
-            p = self._propose(req, k, self.short_n if copy else weak, copy)
-            if not p.tokens and not copy and weak > self.min_n and req.num_spec_accepted > 0:
-                own = self._propose_one(req, k, self.min_n, False)
-                p = own if own.source is not None else p
-            if p.shared is not None:
-                self.follow.drafted(req.rid, p.shared, req.seq_len())
-            tokens = p.tokens
-            if p.source is not None:
-                seq = req.full_ids()  # one copy of the prompt + output for the cuts below
-                if large_batch and self._own_acceptance.get(req.rid, self.own_prior) < OWN_WEAK_ACCEPTANCE:
-                    tokens = tokens[:OWN_WEAK_MAX_DRAFT]
-                if large_batch:
-                    keep = self._index(req).agreed(seq, tokens, p.source, OWN_AGREE_CONTEXT)
-                    tokens = tokens[: max(keep, OWN_AGREE_MIN)]
-                tokens = tokens[: self._copy_breaks(req).keep(seq, p.source, tokens)]
-                self._source[req.rid] = (p.source, tokens)
-            out.append((tokens, p.match, None))
-        return out
-
-    def _copy_breaks(self, req: Req) -> CopyBreaks:
-        breaks = self._breaks.get(req.rid)
-        if breaks is None:  # learned once, at the request's first own-text proposal
-            breaks = self._breaks[req.rid] = CopyBreaks(self._signatures)
-            breaks.learn_prompt(req.input_ids)
-        return breaks
-
-    def _propose(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
-        """The continuation of the source req is following (follow.py) where it agrees with req for longer
-        than any lookup matches (at least min_n tokens), else the lookups' proposal."""
-        followed = self.follow.propose(req.rid, req.full_ids(), k)
-        if followed.tokens and followed.match >= max(min_n, self.max_n):
-            return followed
-        p = self._propose_one(req, k, min_n, copying)
-        return followed if followed.tokens and followed.match >= max(min_n, p.match) else p
-
-    def _propose_one(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
-        seq, cursors = req.full_ids(), self._cursors.get(req.rid, ())
-        p = propose_ngram(seq, self._index(req), self.corpus, req.namespace, k, self.live, min_n, cursors)
-        if p.tokens or not copying or self.text_of is None:
-            return p
-        text = self._text.get(req.rid)
-        if text is None:
-            text = self._text[req.rid] = TextIndex(self.text_of)
-        return text.propose(seq, k, TEXT_MIN_CHARS, cursors)
-
-    def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
-        self.follow.verified(req.rid, accepted)
-        drafted = self._source.pop(req.rid, None)
-        if drafted is None:
-            return
-        source, draft = drafted
-        self._breaks[req.rid].record(req.full_ids(), source, draft, proposed, accepted)
-        if proposed:
-            old = self._own_acceptance.get(req.rid, self.own_prior)
-            self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * accepted / proposed
-        if accepted > 0:  # the copy continues after what was accepted
-            cursors = self._cursors.setdefault(req.rid, [])
-            if source + accepted in cursors:
-                cursors.remove(source + accepted)
-            cursors.insert(0, source + accepted)
-            del cursors[CURSORS:]
-
-    def on_finish(self, req: Req) -> None:
-        for table in (self._text, self._cursors, self._source, self._own_acceptance, self._breaks):
-            table.pop(req.rid, None)
-        self.follow.finish(req.rid)
-        own = self._own.pop(req.rid, None)
-        if own is not None:
-            self.live.remove(req.namespace, own)
-        if req.finish is not None and req.finish.type != "abort":
-            self.corpus.add(req.namespace, req.full_ids())
-
-    def flush(self) -> None:
-        self.corpus.clear()
-
-    def check_integrity(self, idle: bool) -> None:
-        assert not idle or not self._own, "n-gram indexes left while idle"
-        assert not idle or not (self._text or self._cursors or self._source or self._own_acceptance
-                                or self._breaks), "text indexes / cursors / own-text state left while idle"
-        assert not idle or not len(self.live), "live n-gram tables left while idle"
-        assert not idle or not len(self.follow), "cursors into other requests' text left while idle"
 
 
 class SpecController:
@@ -261,6 +106,7 @@ class SpecController:
         self.cost_aware = COST_AWARE
         self.stats = SpecStats()
         self.observes_after_launch = False  # set by the first observe(): the scheduler indexes after launches
+        self._finished: list[Req] = []  # finished in steps, not yet let go of by the proposer (settle)
         self._state: dict[str, AdaptiveState] = {}
         self._q: dict[str, torch.Tensor] = {}  # this step's sampled drafts' distributions (verify.py)
 
@@ -328,6 +174,7 @@ class SpecController:
         propose leaves indexing to it, so at a proposal the newest token of a request that looks nothing
         up is not yet indexed (an n-gram continuing with it matters only where a token repeats itself)."""
         self.observes_after_launch = True
+        self.settle()
         self.proposer.observe(running)
 
     def _may_pay(self, chosen: list[Req], ks: list[int], rows: int) -> bool:
@@ -382,17 +229,31 @@ class SpecController:
         if state is not None:
             state.update(proposed, accepted, self.max_k, self.config.speculative_min_acceptance)
 
-    def on_finish(self, req: Req) -> None:
+    def on_finish(self, req: Req, later: bool = False) -> None:
+        """later: the proposer lets go of req at settle() (a request finished in a step: its text leaving
+        the live table and entering the corpus costs the host 1-2 ms, which the next launch can hide)."""
         self._state.pop(req.rid, None)
         self._q.pop(req.rid, None)
-        self.proposer.on_finish(req)
+        if later:
+            self._finished.append(req)
+        else:
+            self.proposer.on_finish(req)
+
+    def settle(self) -> None:
+        """The proposer's part of on_finish for the requests finished in steps: after the next launch
+        (observe), or once the scheduler is idle (SchedulerLoop), after their outputs have gone."""
+        for req in self._finished:
+            self.proposer.on_finish(req)
+        self._finished.clear()
 
     def flush(self) -> None:
+        self.settle()
         self.proposer.flush()
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._state, "adaptive states left while idle"
         assert not idle or not self._q, "draft distributions left while idle"
+        assert not idle or not self._finished, "finished requests left unsettled while idle"
         self.proposer.check_integrity(idle)
 
 

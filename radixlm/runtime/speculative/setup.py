@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.speculative.controller import NgramProposer, SpecController
+from radixlm.runtime.speculative.controller import SpecController
+from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 from radixlm.runtime.speculative.stop_cut import StopCut
 from radixlm.runtime.speculative.text_lookup import TokenText
 

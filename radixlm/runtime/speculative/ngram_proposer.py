@@ -1,0 +1,175 @@
+"""NgramProposer: NGRAM drafts for SpecController, from the request's own text, the other running requests'
+text, the corpus of finished ones, and a character-level lookup for copies that tokenize differently.
+
+Runs in the scheduler process. The tables are in ngram.py (NgramIndex, LiveNgrams, NgramCorpus), the
+character lookup in text_lookup.py, where copies end in copy_breaks.py and the cursor into another request's
+text in follow.py; this class decides which of them proposes, and how much of a draft is kept.
+"""
+
+from __future__ import annotations
+
+from radixlm.runtime.config import SpeculativeConfig
+from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
+from radixlm.runtime.speculative.follow import Follow
+from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
+from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
+
+# A copying request (controller.COPYING_ACCEPTANCE) accepts a suffix match this short in its own tokens.
+COPYING_MIN_MATCH = 1
+# A request that is not copying, in a step of controller.LARGE_BATCH+ rows, needs a match this much longer
+# than speculative_ngram_min_match (the reasons are at controller.LARGE_BATCH).
+LARGE_BATCH_EXTRA_MATCH = 2
+# A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
+# least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
+TEXT_MIN_CHARS = 1
+# A copying request's drafts from its own text (a record's value, a function's lines) can be accepted far
+# less often than those continuing another request's text or the corpus: a copied value ends where its
+# source goes on ('hana.7@example.com' + '. City: ...' in a record, '",' in the JSON answer), and a text
+# lookup's short character match is often the wrong occurrence (json at 16 rows, docs/benchmarks.md
+# session 30). In a step with controller.LARGE_BATCH+ rows, where a draft token costs about half of what an accepted
+# one saves, a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below
+# OWN_WEAK_ACCEPTANCE proposes at most OWN_WEAK_MAX_DRAFT of them. A request starts just below the bar
+# (OWN_PRIOR, near the 36% measured for json's own-text drafts): its first own-text draft in such a step is
+# capped, one accepted whole lifts the cap (0.3 + 0.7 * 0.45 > 0.5), and rejected ones keep it (replayed at
+# 16 rows: json 958 -> 922 draft tokens, code 1532 -> 1500, as many accepted; chat 684 -> 700; session 31).
+# ... and where the other earlier occurrences of its last OWN_AGREE_CONTEXT tokens in its own text continue
+# otherwise, its draft stops where they part (at least OWN_AGREE_MIN tokens are kept): the text is ambiguous
+# there. The record a JSON answer copies from goes on '.com. City:' where the few-shot answer has '.com",',
+# and a few-shot record's '+1-555-0108' shares '+1-555-010' with the record's own number (json at 16 rows:
+# 922 -> 852 draft tokens, 686 -> 680 accepted, the same steps; code and chat unchanged, greedy counts;
+# docs/benchmarks.md, session 33). Only in large steps: at one row, where a draft token costs little, the
+# tokens cut are the ones a lucky guess would have had accepted (json at 1 row: 13 -> 17 steps).
+OWN_AGREE_CONTEXT = 2
+OWN_AGREE_MIN = 1
+# ... and at any batch, its own-text drafts stop where its copies have ended more often than gone on: the
+# copies inside its prompt (a few-shot record and its answer) and its verified drafts teach where
+# (copy_breaks.py; json at 16 rows: 852 -> 813 draft tokens, 680 -> 695 accepted; at 1 row 85 -> 67 draft
+# tokens, as many accepted; docs/benchmarks.md, session 34). The agreement above keeps a token; this cut
+# may leave none: the signature has ended copies, the other occurrences have only differed.
+OWN_EMA_WEIGHT = 0.3
+OWN_WEAK_ACCEPTANCE = 0.5
+OWN_WEAK_MAX_DRAFT = 2
+OWN_PRIOR = 0.45
+CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
+
+
+class NgramProposer:
+    cheap = True
+
+    def __init__(self, config: SpeculativeConfig, tokenizer=None):
+        self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
+        self.short_n = min(self.min_n, COPYING_MIN_MATCH)
+        self.corpus = NgramCorpus(self.min_n, self.max_n, config.max_draft)
+        self.live = LiveNgrams()
+        self._own: dict[str, NgramIndex] = {}
+        self.text_of = TokenText(tokenizer) if tokenizer is not None else None  # None: no text lookup
+        self._text: dict[str, TextIndex] = {}
+        self._cursors: dict[str, list[int]] = {}  # rid -> positions after its latest accepted copies
+        self._source: dict[str, tuple[int, list[int]]] = {}  # rid -> this step's own-text draft, where it starts
+        self._signatures = Signatures(self.text_of)
+        self._breaks: dict[str, CopyBreaks] = {}  # rid -> where its copies end (learned from its prompt first)
+        self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
+        self.own_prior = OWN_PRIOR  # the average before a request's first own-text draft is verified
+        self.follow = Follow()  # where each request copies another running request's text (follow.py)
+
+    def _index(self, req: Req) -> NgramIndex:
+        own = self._own.get(req.rid)
+        if own is None:
+            own = self._own[req.rid] = NgramIndex(self.short_n, self.max_n, self.live.table(req.namespace),
+                                                  self.min_n)
+        return own
+
+    def observe(self, reqs: list[Req]) -> None:
+        for req in reqs:  # incremental: only tokens added since the last step are indexed
+            self._index(req).observe(req.full_ids())
+
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
+                ) -> list[tuple[list[int], int, None]]:
+        # the shortest match for a request not copying
+        weak = min(self.min_n + LARGE_BATCH_EXTRA_MATCH * large_batch, self.max_n)
+        self._source.clear()
+        self.follow.new_step()
+        out = []
+        for req, k, copy in zip(reqs, ks, copying):
+            p = self._propose(req, k, self.short_n if copy else weak, copy)
+            if not p.tokens and not copy and weak > self.min_n and req.num_spec_accepted > 0:
+                own = self._propose_one(req, k, self.min_n, False)
+                p = own if own.source is not None else p
+            if p.shared is not None:
+                self.follow.drafted(req.rid, p.shared, req.seq_len())
+            tokens = p.tokens
+            if p.source is not None:
+                seq = req.full_ids()  # one copy of the prompt + output for the cuts below
+                if large_batch and self._own_acceptance.get(req.rid, self.own_prior) < OWN_WEAK_ACCEPTANCE:
+                    tokens = tokens[:OWN_WEAK_MAX_DRAFT]
+                if large_batch:
+                    keep = self._index(req).agreed(seq, tokens, p.source, OWN_AGREE_CONTEXT)
+                    tokens = tokens[: max(keep, OWN_AGREE_MIN)]
+                tokens = tokens[: self._copy_breaks(req).keep(seq, p.source, tokens)]
+                self._source[req.rid] = (p.source, tokens)
+            out.append((tokens, p.match, None))
+        return out
+
+    def _copy_breaks(self, req: Req) -> CopyBreaks:
+        breaks = self._breaks.get(req.rid)
+        if breaks is None:  # learned once, at the request's first own-text proposal
+            breaks = self._breaks[req.rid] = CopyBreaks(self._signatures)
+            breaks.learn_prompt(req.input_ids)
+        return breaks
+
+    def _propose(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
+        """The continuation of the source req is following (follow.py) where it agrees with req for longer
+        than any lookup matches (at least min_n tokens), else the lookups' proposal."""
+        followed = self.follow.propose(req.rid, req.full_ids(), k)
+        if followed.tokens and followed.match >= max(min_n, self.max_n):
+            return followed
+        p = self._propose_one(req, k, min_n, copying)
+        return followed if followed.tokens and followed.match >= max(min_n, p.match) else p
+
+    def _propose_one(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
+        seq, cursors = req.full_ids(), self._cursors.get(req.rid, ())
+        p = propose_ngram(seq, self._index(req), self.corpus, req.namespace, k, self.live, min_n, cursors)
+        if p.tokens or not copying or self.text_of is None:
+            return p
+        text = self._text.get(req.rid)
+        if text is None:
+            text = self._text[req.rid] = TextIndex(self.text_of)
+        return text.propose(seq, k, TEXT_MIN_CHARS, cursors)
+
+    def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
+        self.follow.verified(req.rid, accepted)
+        drafted = self._source.pop(req.rid, None)
+        if drafted is None:
+            return
+        source, draft = drafted
+        self._breaks[req.rid].record(req.full_ids(), source, draft, proposed, accepted)
+        if proposed:
+            old = self._own_acceptance.get(req.rid, self.own_prior)
+            self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * accepted / proposed
+        if accepted > 0:  # the copy continues after what was accepted
+            cursors = self._cursors.setdefault(req.rid, [])
+            if source + accepted in cursors:
+                cursors.remove(source + accepted)
+            cursors.insert(0, source + accepted)
+            del cursors[CURSORS:]
+
+    def on_finish(self, req: Req) -> None:
+        for table in (self._text, self._cursors, self._source, self._own_acceptance, self._breaks):
+            table.pop(req.rid, None)
+        self.follow.finish(req.rid)
+        own = self._own.pop(req.rid, None)
+        if own is not None:
+            self.live.remove(req.namespace, own)
+        if req.finish is not None and req.finish.type != "abort":
+            self.corpus.add(req.namespace, req.full_ids())
+
+    def flush(self) -> None:
+        self.corpus.clear()
+
+    def check_integrity(self, idle: bool) -> None:
+        assert not idle or not self._own, "n-gram indexes left while idle"
+        assert not idle or not (self._text or self._cursors or self._source or self._own_acceptance
+                                or self._breaks), "text indexes / cursors / own-text state left while idle"
+        assert not idle or not len(self.live), "live n-gram tables left while idle"
+        assert not idle or not len(self.follow), "cursors into other requests' text left while idle"
