@@ -19,8 +19,14 @@ class _IdleScheduler:
     running: list = []  # read by the loop's status log each turn
     waiting: list = []
 
+    def __init__(self) -> None:
+        self.settled = 0
+
     def has_work(self) -> bool:
         return False
+
+    def settle(self) -> None:  # deferred housekeeping: the loop calls it when idle
+        self.settled += 1
 
     def abort_all(self, reason: str) -> list:
         return []
@@ -38,6 +44,7 @@ def test_build_runs_on_the_loop_thread_and_calls_too():
         assert loop.built.tag == "built" and isinstance(loop.scheduler, _IdleScheduler)
         assert seen["build"] is loop.call(threading.current_thread)
         assert seen["build"] is not threading.current_thread()
+        assert loop.call(lambda: loop.scheduler.settled) >= 1  # the turn of the first call settled, idle
     finally:
         loop.stop()
 
