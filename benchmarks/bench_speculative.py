@@ -251,8 +251,8 @@ def interleaved(args) -> None:
     from radixlm.runtime.engine import Engine
 
     spec = _spec_options(args, on=True)
-    print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  dtype={args.dtype}  k={args.k}  new={args.new}  pairs={args.repeats}"
-          f"  warmup={args.warmup}")
+    print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  dtype={args.dtype}  k={args.k}  new={args.new}"
+          f"  pairs={args.repeats}  warmup={args.warmup}")
     print(f"{'workload':10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} {'accept':>7s} {'tok/fwd':>8s} same")
     with Engine(args.model_path, **_engine_options(args), **spec) as eng:
         sched, ctl = eng.scheduler, eng.scheduler.spec
@@ -307,8 +307,9 @@ def live(args) -> None:
     try:
         for proc in workers.values():  # both loaded and warmed up before anything is timed
             _expect_ready(proc)
-        print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  dtype={args.dtype}  k={args.k}  new={args.new}  pairs={args.repeats}"
-              f"  warmup={args.warmup}  min_match={args.ngram_min_match}  batch_cap={args.batch_cap}  (live workers)")
+        print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  dtype={args.dtype}  k={args.k}  new={args.new}"
+              f"  pairs={args.repeats}  warmup={args.warmup}  min_match={args.ngram_min_match}"
+              f"  batch_cap={args.batch_cap}  (live workers)")
         print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} "
               f"{'range':>11s} {'accept':>7s} {'tok/fwd':>8s} same", flush=True)
         for name in args.workloads:
