@@ -85,6 +85,21 @@ class EagerGraph:
             self.out.copy_(self.fn())
 
 
+def capture_buckets(buckets: list[int], graph_cls: type, step_for: Callable[[int], Callable[[], torch.Tensor]]
+                    ) -> tuple[dict[int, GraphLike], dict[int, torch.Tensor]]:
+    """Capture step_for(bs) per bucket, largest first, into one memory pool (smaller graphs reuse the
+    largest's memory); the graphs and their static outputs by batch size."""
+    graphs: dict[int, GraphLike] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    pool = None
+    for bs in reversed(buckets):
+        graph = graph_cls(pool)
+        outputs[bs] = graph.capture(step_for(bs))
+        graphs[bs] = graph
+        pool = graph.pool
+    return graphs, outputs
+
+
 @dataclass
 class _Static:
     inputs: torch.Tensor  # int64 [5, max_bs]: the rows below, filled by one copy per replay
@@ -107,18 +122,13 @@ class DecodeGraphRunner:
         """forward(input_ids, positions, meta, logits_indices) -> logits: the model with its backend and pool."""
         self.buckets = default_buckets(max_bs)
         self.max_bs = max_bs
-        self.static = _Static.zeros(max_bs, device)
-        self.graphs: dict[int, GraphLike] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        pool = None
-        for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory pool
-            graph = graph_cls(pool)
+        self.static = s = _Static.zeros(max_bs, device)
+
+        def step_for(bs: int) -> Callable[[], torch.Tensor]:
             meta = self._meta(bs, req_to_token, sm_scale)
-            s = self.static
-            self.outputs[bs] = graph.capture(lambda bs=bs, meta=meta: forward(
-                s.input_ids[:bs], s.positions[:bs], meta, s.logits_indices[:bs]))
-            self.graphs[bs] = graph
-            pool = graph.pool
+            return lambda: forward(s.input_ids[:bs], s.positions[:bs], meta, s.logits_indices[:bs])
+
+        self.graphs, self.outputs = capture_buckets(self.buckets, graph_cls, step_for)
         logger.info("captured decode graphs for batch sizes %s", self.buckets)
 
     def _meta(self, bs: int, req_to_token: torch.Tensor, sm_scale: float) -> AttentionMetadata:

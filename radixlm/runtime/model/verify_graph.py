@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from radixlm.runtime.forward import AttentionMetadata, ForwardBatch, to_device
-from radixlm.runtime.model.cuda_graph import CudaGraph, GraphLike, default_buckets
+from radixlm.runtime.model.cuda_graph import CudaGraph, capture_buckets, default_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -43,17 +43,12 @@ class VerifyGraphRunner:
         self.rows = torch.zeros(4, self.max_bs, dtype=torch.int64, device=device)  # req, seq, prefix, extend
         self.starts = torch.arange(0, n, width, dtype=torch.int64, device=device)
         self.all_tokens = torch.arange(n, device=device)
-        self.graphs: dict[int, GraphLike] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        pool = None
-        for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory pool
-            graph = graph_cls(pool)
-            meta = self._meta(bs, req_to_token, sm_scale)
-            t = bs * width
-            self.outputs[bs] = graph.capture(lambda t=t, meta=meta: forward(
-                self.tokens[0, :t], self.tokens[1, :t], meta, self.all_tokens[:t]))
-            self.graphs[bs] = graph
-            pool = graph.pool
+
+        def step_for(bs: int) -> Callable[[], torch.Tensor]:
+            meta, t = self._meta(bs, req_to_token, sm_scale), bs * width
+            return lambda: forward(self.tokens[0, :t], self.tokens[1, :t], meta, self.all_tokens[:t])
+
+        self.graphs, self.outputs = capture_buckets(self.buckets, graph_cls, step_for)
         logger.info("captured verify graphs (%d tokens a row) for batch sizes %s", width, self.buckets)
 
     def _meta(self, bs: int, req_to_token: torch.Tensor, sm_scale: float) -> AttentionMetadata:
