@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.sampling.sampler import Sampler
 
 PROMPTS = ["Once upon a time there was a dog. Once upon a time there was a", "def main():\n    print(1)\ndef main():",
            "1 2 3 4 1 2 3 4 1 2", '{"name": "Alice", "age": 3} {"name": "Bob", "age": 4} {"name":']
@@ -113,6 +114,37 @@ def test_mixed_batch_chunked_prefill_and_sampled_neighbours(tiny_llama_dir, plai
         assert ids(out[: len(greedy)]) == want
         assert all(len(r["output_ids"]) == 24 for r in out[len(greedy):])
         eng.check_integrity()
+
+
+
+def test_a_greedy_step_takes_one_argmax_for_its_verify_and_plain_rows(plain, spec, monkeypatch):
+    """Verify rows and plain decode rows of a greedy step share one Sampler call: on a GPU each call is a
+    device sync, and a verify row each cost a step ~4 of them (docs/benchmarks.md, session 38)."""
+    fresh = "Zebras graze quietly while"  # not primed: its rows decode without drafts beside the repeats
+    want = ids(plain.generate(PROMPTS + [fresh], GREEDY))
+    prime(spec, PROMPTS, GREEDY)
+    calls, steps = [0], []
+    sampler_call = Sampler.__call__
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return sampler_call(self, *args, **kwargs)
+
+    out = spec.scheduler.out
+    process = out.process
+
+    def recorded(batch, plan, logits):
+        calls[0] = 0
+        result = process(batch, plan, logits)
+        steps.append((len(plan.verify), len(plan.sample), calls[0]))
+        return result
+
+    monkeypatch.setattr(Sampler, "__call__", counted)
+    monkeypatch.setattr(out, "process", recorded)
+    assert ids(spec.generate(PROMPTS + [fresh], GREEDY)) == want
+    verifying = [s for s in steps if s[0]]
+    assert any(v > 1 and plain_rows for v, plain_rows, _ in verifying)  # mixed steps of several drafts
+    assert all(n == 1 for _, _, n in verifying)
 
 
 @pytest.mark.parametrize("opts", [{"max_total_tokens": 160}, {"enable_mixed_chunk": False}])

@@ -10,7 +10,7 @@ import torch
 
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, make_generator
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
+from radixlm.runtime.speculative.ngram import TAIL_SCAN_MAX, LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
 from radixlm.runtime.speculative.verify import verify_sampled
 from radixlm.sampling_params import SamplingParams
 
@@ -110,14 +110,22 @@ def _reference_lookup(seq, n):
 
 
 def test_ngram_index_equals_a_scan_as_the_sequence_grows():
+    """Lookups read the indexed n-grams and scan the tail added since the last observe (tails of 0 to
+    TAIL_SCAN_MAX + 8 tokens here): every occurrence is found, as by a scan of the whole sequence."""
     g = torch.Generator().manual_seed(0)
     seq: list[int] = []
-    index = NgramIndex(1, 4)
-    for _ in range(300):
+    index, tails = NgramIndex(1, 4), set()
+    for step in range(400):
         seq.append(int(torch.randint(0, 6, (1,), generator=g)))
+        if step % 97 < 40 and step % 3 == 0:  # observed every third token, then not for 57 tokens
+            index.observe(seq)
+        tails.add(len(seq) - index._indexed)
         for n in range(1, 5):
             if n <= len(seq):
                 assert index.lookup(seq, n) == _reference_lookup(seq, n), (len(seq), n)
+                every = [e for e in range(n, len(seq)) if seq[e - n : e] == seq[-n:]]
+                assert index.occurrences(seq, n) == every, (len(seq), n)
+    assert {0, 1, 2, TAIL_SCAN_MAX} <= tails
 
 
 def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():

@@ -62,7 +62,7 @@ class KVCacheManager:
     def truncate(self, req: Req, kv_len: int) -> None:
         """Forget the K/V of positions >= kv_len (jump-forward re-tokenized them); frees their slots."""
         assert req.tree_len <= kv_len <= req.kv_len, "cannot truncate into shared tree slots"
-        self.allocator.free(self.table.table[req.row, kv_len : req.kv_len].clone())
+        self.allocator.free(self.table.table[req.row, kv_len : req.kv_len])  # free() keeps a copy
         req.kv_len = kv_len
 
     def row_slots(self, req: Req, end: int | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ from radixlm.runtime.forward import ForwardBatch
 from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop, find_stop_regex
 from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.sampling import logprobs as lp
-from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
+from radixlm.runtime.sampling.sampler import SampleOutput, Sampler, SamplingRow
 from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.request import FinishReason, Req
 from radixlm.runtime.speculative.verify import verify_sampled
@@ -86,13 +86,17 @@ class OutputProcessor:
         for i, p0, count, r0 in plan.prompt:
             self._prompt_logprobs(batch.rows[i].req, p0, logits[r0 : r0 + count])
         new_tokens: dict[int, tuple[list[int], int]] = {}  # row -> (new ids, rollback)
+        argmax = self._argmax_all(batch, plan, logits) if plan.argmax_only and plan.verify else None
         if plan.sample:
             reqs = [batch.rows[i].req for i, _ in plan.sample]
             picked = [r for _, r in plan.sample]
-            # Every row, in order (a decode batch): the logits as they are, not a copy.
-            rows_logits = logits if picked == list(range(logits.shape[0])) else logits[picked]
-            sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs], plan.masks)
-            self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
+            if argmax is not None:  # no request wants logprobs (argmax_only)
+                sampled = SampleOutput([argmax[r] for r in picked], [None] * len(picked))
+            else:
+                # Every row, in order (a decode batch): the logits as they are, not a copy.
+                rows_logits = logits if picked == list(range(logits.shape[0])) else logits[picked]
+                sampled = self.sampler(rows_logits, [self._sampling_row(r) for r in reqs], plan.masks)
+                self._output_logprobs(reqs, rows_logits, sampled.token_ids, sampled.logprobs)
             for (i, _), req, tok in zip(plan.sample, reqs, sampled.token_ids):
                 sent = len(req.output_ids)
                 req.output_ids.append(tok)
@@ -103,7 +107,9 @@ class OutputProcessor:
                 new_tokens[i] = (req.output_ids[valid:], sent - valid)
         for i, r0 in plan.verify:
             row = batch.rows[i]
-            new_tokens[i] = self._verify(row.req, logits[r0 : r0 + len(row.draft) + 1], row.draft)
+            width = len(row.draft) + 1
+            known = None if argmax is None else argmax[r0 : r0 + width]
+            new_tokens[i] = self._verify(row.req, logits[r0 : r0 + width], row.draft, known)
         outputs: list[TokenOut] = []
         finished: list[Req] = []
         for i, row in enumerate(batch.rows):
@@ -122,14 +128,30 @@ class OutputProcessor:
                 self._stop_decoders.pop(req.rid, None)
         return outputs, finished
 
-    def _verify(self, req: Req, logits: torch.Tensor, draft: list[int]) -> tuple[list[int], int]:
+    def _argmax_all(self, batch: ForwardBatch, plan: LogitsPlan, logits: torch.Tensor) -> list[int]:
+        """Every logits row's token when each is a plain argmax (plan.argmax_only): one Sampler call, so one
+        device sync a step, where a verify row each would cost its own (on a GPU, ~4 syncs of a 16-row code
+        step; docs/benchmarks.md, session 38)."""
+        rows: list[SamplingRow | None] = [None] * logits.shape[0]
+        for i, r0 in plan.sample:
+            rows[r0] = self._sampling_row(batch.rows[i].req)
+        for i, r0 in plan.verify:
+            row = batch.rows[i]
+            rows[r0 : r0 + len(row.draft) + 1] = [self._sampling_row(row.req)] * (len(row.draft) + 1)
+        return self.sampler(logits, rows).token_ids
+
+    def _verify(self, req: Req, logits: torch.Tensor, draft: list[int], known: list[int] | None = None
+                ) -> tuple[list[int], int]:
         """A speculative row: emit the target's token at each position while it equals the draft (the last
-        position's token comes free), free the rejected drafts' slots; returns (new ids, rollback)."""
+        position's token comes free), free the rejected drafts' slots; returns (new ids, rollback). known:
+        each position's token when the step's argmax is already taken (_argmax_all)."""
         sent = len(req.output_ids)
         base = req.kv_len - len(draft)  # K/V positions < base are valid: the sequence before the draft
         batched = None
         qs = self.spec.draft_q(req)  # a sampled draft's distributions, or None (a deterministic proposal)
-        if _greedy_unprocessed(req):  # the common case in one argmax: the Sampler's own greedy choice
+        if known is not None:
+            batched = SampleOutput(known, [None] * len(known))
+        elif _greedy_unprocessed(req):  # the common case in one argmax: the Sampler's own greedy choice
             batched = self.sampler(logits, [self._sampling_row(req)] * logits.shape[0])
         accepted = 0
         for j in range(len(draft) + 1):

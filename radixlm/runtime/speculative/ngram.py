@@ -25,6 +25,12 @@ from typing import NamedTuple, Sequence
 # tokens) is proposed rather than the latest: a JSON answer copies keys from a few-shot example and values
 # from a record, each in order, and the latest occurrence of '", "' is the answer's own previous field.
 CURSOR_WINDOW = 64
+# A lookup reads the tables, which hold what the last observe() indexed (the scheduler calls it after each
+# launch, where a GPU hides its time), and scans the tokens added since then (a step's accepted tokens) for
+# the suffix instead of indexing them first: indexing them was a third of a proposal's host time, and on a
+# GPU the proposal runs while the device waits (docs/benchmarks.md, session 38). A longer unindexed tail (a
+# request never observed) is indexed first.
+TAIL_SCAN_MAX = 32
 
 
 class Proposal(NamedTuple):
@@ -84,6 +90,22 @@ class NgramIndex:
         """Index seq's new tokens (so other running requests see them) without a lookup."""
         self._update(seq)
 
+    def occurrences(self, seq: list[int], n: int) -> list[int]:
+        """The positions right after each earlier occurrence of seq's last n tokens (one ending before
+        seq's last token), ascending: the indexed ones, then those in the tail not indexed yet."""
+        if len(seq) - self._indexed > TAIL_SCAN_MAX:
+            self._update(seq)
+        if not self.min_n <= n <= self.max_n or n > len(seq):
+            return []
+        key = tuple(seq[-n:])
+        found = self._ends[n].get(key)
+        ends = [] if found is None else [found] if found.__class__ is int else list(found)
+        last = seq[-1]
+        for end in range(max(self._indexed, n), len(seq)):
+            if seq[end - 1] == last and tuple(seq[end - n : end]) == key:
+                ends.append(end)
+        return ends
+
     def keys(self):
         for table in self._ends.values():
             yield from table
@@ -91,26 +113,17 @@ class NgramIndex:
     def lookup(self, seq: list[int], n: int, cursors: Sequence[int] = ()) -> int | None:
         """Where an earlier occurrence of seq's last n tokens continues (the first after a cursor, else the
         latest), or None."""
-        self._update(seq)
-        if n > len(seq):
+        ends = self.occurrences(seq, n)
+        if not ends:
             return None
-        ends = self._ends[n].get(tuple(seq[-n:]))
-        if ends is None:
-            return None
-        if isinstance(ends, int):
-            ends = [ends]
         spans = [(c, c + CURSOR_WINDOW) for c in cursors]
         return (nearest_after(ends, spans) if spans else None) or ends[-1]
 
     def agreed(self, seq: list[int], draft: Sequence[int], source: int, n: int) -> int:
         """How many of draft's tokens (the continuation at position source of seq) every other earlier
         occurrence of seq's last n tokens continues with too, as far as it goes."""
-        self._update(seq)
-        ends = self._ends[n].get(tuple(seq[-n:])) if self.min_n <= n <= self.max_n and n <= len(seq) else None
-        if ends is None:
-            return len(draft)
         keep = len(draft)
-        for end in [ends] if isinstance(ends, int) else ends:
+        for end in self.occurrences(seq, n):
             if end == source:
                 continue
             same = 0
@@ -252,8 +265,7 @@ def _occurs(seq: list[int], lo: int, own: NgramIndex, corpus: NgramCorpus | None
     match at all, most steps) costs one probe per source instead of one per length."""
     if lo > len(seq):
         return False
-    own._update(seq)
-    if tuple(seq[-lo:]) in own._ends[lo]:
+    if own.occurrences(seq, lo):
         return True
     n = max(lo, own.shared_min_n)
     if live is not None and n <= len(seq) and live.has(namespace, tuple(seq[-n:])):
