@@ -155,17 +155,17 @@ class OutputProcessor:
             batched = self.sampler(logits, [self._sampling_row(req)] * logits.shape[0])
         accepted = 0
         for j in range(len(draft) + 1):
-            row_logits = logits[j : j + 1]
             want = draft[j] if j < len(draft) else None
             if batched is not None:
                 tok, value = batched.token_ids[j], batched.logprobs[j]
                 ok = tok == want
             else:
                 q = qs[j] if qs is not None and want is not None else None
-                tok, ok = self._verify_position(req, row_logits, want, q)
+                tok, ok = self._verify_position(req, logits[j : j + 1], want, q)
                 value = None
             req.output_ids.append(tok)
             if req.logprob.return_logprob:
+                row_logits = logits[j : j + 1]
                 if value is None:
                     value = lp.token_logprobs(row_logits, torch.tensor([tok])).item()
                 self._output_logprobs([req], row_logits, [tok], [value])
