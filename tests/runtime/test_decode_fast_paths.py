@@ -13,7 +13,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from radixlm.runtime.forward import AttentionMetadata
 from radixlm.runtime.model.layers.attention import TorchAttentionBackend, _run_start
 from radixlm.runtime.model.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_one
-from radixlm.runtime.scheduler.memory_pool import TokenAllocator
+from radixlm.runtime.scheduler.kv_cache import KVCacheManager
+from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable, TokenAllocator
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -117,3 +118,31 @@ def test_allocator_sorts_scrambled_frees_back_into_runs():
     assert alloc.alloc(64).tolist() == list(range(1, 65))  # unmerged, the stack would give 65..128
     alloc.check_integrity()
     assert alloc.alloc(137) is None and alloc.num_free() == 136  # not enough: nothing taken
+
+
+def test_a_steps_rows_extended_at_once_get_what_one_by_one_gives():
+    """KVCacheManager.extend_each (a step's decode and verify rows: one allocation, one table write) takes
+    the slots, table entries and lengths that one extend per request takes; a pool too small takes nothing."""
+    cpu = torch.device("cpu")
+
+    def manager() -> KVCacheManager:
+        kv = KVCacheManager(TokenAllocator(64, cpu), ReqToTokenTable(4, 32, cpu), disable_radix_cache=True)
+        kv.allocator.free(kv.allocator.alloc(9)[torch.tensor([4, 0, 7, 2])])  # a scrambled free list
+        return kv
+
+    def reqs() -> list:
+        return [types.SimpleNamespace(row=row, kv_len=kv_len) for row, kv_len in [(2, 3), (0, 0), (3, 7)]]
+
+    one, each = manager(), manager()
+    a, b = reqs(), reqs()
+    for req, num in zip(a, [1, 4, 2]):
+        assert one.extend(req, num)
+    assert each.extend_each(b, [1, 4, 2])
+    assert torch.equal(one.table.table, each.table.table) and each.table.table.count_nonzero() == 7
+    assert [r.kv_len for r in a] == [r.kv_len for r in b] == [4, 4, 9]
+    assert torch.equal(one.allocator.free_slots().sort().values, each.allocator.free_slots().sort().values)
+    each.allocator.check_integrity()
+    short, c = manager(), reqs()
+    assert not short.extend_each(c, [20, 20, 20])  # 59 free
+    assert [r.kv_len for r in c] == [3, 0, 7] and short.allocator.num_free() == 59
+    assert short.table.table.count_nonzero() == 0

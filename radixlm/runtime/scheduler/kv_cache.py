@@ -59,6 +59,22 @@ class KVCacheManager:
         req.kv_len += num
         return True
 
+    def extend_each(self, reqs: list[Req], nums: list[int]) -> bool:
+        """extend(req, num) for every pair, as one allocation and one table write: a step's decode and
+        verify rows, which one by one cost a GPU step's host two device ops a row. False, with nothing
+        taken, when the slots are not there."""
+        slots = self.alloc(sum(nums))
+        if slots is None:
+            return False
+        rows: list[int] = []
+        cols: list[int] = []
+        for req, num in zip(reqs, nums):
+            rows += [req.row] * num
+            cols += range(req.kv_len, req.kv_len + num)
+            req.kv_len += num
+        self.table.write_each(rows, cols, slots)
+        return True
+
     def truncate(self, req: Req, kv_len: int) -> None:
         """Forget the K/V of positions >= kv_len (jump-forward re-tokenized them); frees their slots."""
         assert req.tree_len <= kv_len <= req.kv_len, "cannot truncate into shared tree slots"

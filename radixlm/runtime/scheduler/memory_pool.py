@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.forward import to_device
+
 
 class TokenAllocator:
     """Free list of KV slots. Invariant: every slot in 1..size is either free here or owned elsewhere
@@ -106,6 +108,11 @@ class ReqToTokenTable:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start : start + slots.numel()] = slots
+
+    def write_each(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
+        """table[rows[i], cols[i]] = slots[i] for every i, as one indexed write."""
+        index = to_device(torch.tensor([rows, cols], dtype=torch.int64), self.table.device)
+        self.table[index[0], index[1]] = slots
 
     def check_integrity(self) -> None:
         rows = self._free_rows

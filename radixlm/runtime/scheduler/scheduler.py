@@ -172,10 +172,18 @@ class Scheduler:
         rows = [PlannedRow(r, r.kv_len - 1, 1) for r in decode]
         if self.spec is None or not decode:
             return rows
-        for row, draft in zip(rows, self.spec.propose(decode, self.running)):
-            if draft and self.kv.allocator.num_free() >= len(draft) and self.kv.extend(row.req, len(draft)):
-                row.num_new += len(draft)
-                row.draft = draft
+        drafted = [(row, draft) for row, draft in zip(rows, self.spec.propose(decode, self.running)) if draft]
+        if not drafted:
+            return rows
+        if self.kv.allocator.num_free() >= sum(len(draft) for _, draft in drafted):  # one allocation, no eviction
+            taken = self.kv.extend_each([row.req for row, _ in drafted], [len(draft) for _, draft in drafted])
+            assert taken, "the free slots were counted"
+        else:  # as many as the free slots hold, in order
+            drafted = [(row, draft) for row, draft in drafted
+                       if self.kv.allocator.num_free() >= len(draft) and self.kv.extend(row.req, len(draft))]
+        for row, draft in drafted:
+            row.num_new += len(draft)
+            row.draft = draft
         return rows
 
     def _reserve_decode_slots(self, decode: list[Req]) -> list[Req]:
@@ -186,11 +194,9 @@ class Scheduler:
                 break
             self._retract(victim)
             decode = [r for r in decode if r is not victim]
-        planned = []
-        for req in decode:
-            if self.kv.extend(req, 1):
-                planned.append(req)
-        return planned
+        if not decode or self.kv.extend_each(decode, [1] * len(decode)):  # one allocation, one table write
+            return decode
+        return [req for req in decode if self.kv.extend(req, 1)]  # as many as the pool holds
 
     def _pick_victim(self) -> Req | None:
         if len(self.running) <= 1:

@@ -92,15 +92,15 @@ class NgramProposer:
         self.follow.new_step()
         out = []
         for req, k, copy in zip(reqs, ks, copying):
-            p = self._propose(req, k, self.short_n if copy else weak, copy)
+            seq = req.full_ids()  # one copy of the prompt + output for the lookups and the cuts below
+            p = self._propose(req, seq, k, self.short_n if copy else weak, copy)
             if not p.tokens and not copy and weak > self.min_n and req.num_spec_accepted > 0:
-                own = self._propose_one(req, k, self.min_n, False)
+                own = self._propose_one(req, seq, k, self.min_n, False)
                 p = own if own.source is not None else p
             if p.shared is not None:
                 self.follow.drafted(req.rid, p.shared, req.seq_len())
             tokens = p.tokens
             if p.source is not None:
-                seq = req.full_ids()  # one copy of the prompt + output for the cuts below
                 if large_batch and self._own_acceptance.get(req.rid, self.own_prior) < OWN_WEAK_ACCEPTANCE:
                     tokens = tokens[:OWN_WEAK_MAX_DRAFT]
                 if large_batch:
@@ -118,17 +118,17 @@ class NgramProposer:
             breaks.learn_prompt(req.input_ids)
         return breaks
 
-    def _propose(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
+    def _propose(self, req: Req, seq: list[int], k: int, min_n: int, copying: bool) -> Proposal:
         """The continuation of the source req is following (follow.py) where it agrees with req for longer
         than any lookup matches (at least min_n tokens), else the lookups' proposal."""
-        followed = self.follow.propose(req.rid, req.full_ids(), k)
+        followed = self.follow.propose(req.rid, seq, k)
         if followed.tokens and followed.match >= max(min_n, self.max_n):
             return followed
-        p = self._propose_one(req, k, min_n, copying)
+        p = self._propose_one(req, seq, k, min_n, copying)
         return followed if followed.tokens and followed.match >= max(min_n, p.match) else p
 
-    def _propose_one(self, req: Req, k: int, min_n: int, copying: bool) -> Proposal:
-        seq, cursors = req.full_ids(), self._cursors.get(req.rid, ())
+    def _propose_one(self, req: Req, seq: list[int], k: int, min_n: int, copying: bool) -> Proposal:
+        cursors = self._cursors.get(req.rid, ())
         p = propose_ngram(seq, self._index(req), self.corpus, req.namespace, k, self.live, min_n, cursors)
         if p.tokens or not copying or self.text_of is None:
             return p

@@ -1,0 +1,149 @@
+"""Where a step's time goes, speculation on vs off: host phases per step and, on CUDA, the device's time.
+
+    .venv/bin/python benchmarks/bench_spec_steps.py [--workloads code free json] [--batch 16] [--threads 1]
+
+On a GPU a step's forward is launched and the host goes on (the n-gram indexing, `SpecController.observe`,
+runs then); the device idles while the host samples, verifies, plans and builds the next step. This
+splits each step (the real SmolLM2, greedy, bench_speculative's workloads, the best of --repeats runs)
+into: plan (`Scheduler._plan`: proposals and slot reservation), build (`build_forward_batch`), launch
+(`ModelRunner.forward`: on CUDA it returns once the graph is launched; on the CPU it is the forward),
+observe, process (`OutputProcessor.process`, with the Sampler's calls apart: on CUDA the first one waits
+for the device) and, on CUDA, the forward's device time from events around the launch; idle = step minus
+device time. Each side runs in its own process (bench_speculative's rule), one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+PHASES = ["step", "plan", "build", "launch", "observe", "process", "sampler"]
+
+
+def _timed(obj, attr: str, acc: dict, key: str, events: list | None = None) -> None:
+    import torch
+
+    fn = getattr(obj, attr)
+
+    def wrapped(*args, **kwargs):
+        t = time.perf_counter()
+        if events is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        out = fn(*args, **kwargs)
+        if events is not None:
+            end.record()
+            events.append((start, end))
+        acc[key] += time.perf_counter() - t
+        return out
+
+    setattr(obj, attr, wrapped)
+
+
+def run_side(args) -> None:
+    import torch
+
+    import bench_speculative as B
+    import radixlm.runtime.scheduler.scheduler as scheduler_module
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.sampling.sampler import Sampler
+
+    spec_args = argparse.Namespace(k=None, min_acceptance=0.25, ngram_min_match=3, batch_cap=None, new=args.new,
+                                   threads=args.threads, dtype=args.dtype)
+    acc: dict = collections.defaultdict(float)
+    events: list | None = None
+    results = {}
+    with Engine(args.model_path, **B._engine_options(spec_args), **B._spec_options(spec_args, args.side == "on")
+                ) as eng:
+        sched, runner = eng.scheduler, eng.runner
+        cuda = runner.device.type == "cuda"
+        events = [] if cuda else None
+        _timed(sched, "step", acc, "step")
+        _timed(sched, "_plan", acc, "plan")
+        _timed(scheduler_module, "build_forward_batch", acc, "build")
+        _timed(runner, "forward", acc, "launch", events)
+        _timed(sched.out, "process", acc, "process")
+        _timed(Sampler, "__call__", acc, "sampler")
+        if sched.spec is not None:
+            _timed(sched.spec, "observe", acc, "observe")
+        for name in args.workloads:
+            prompts, params = B._prompts(eng.tokenizer, name, args.batch), B._params(spec_args, name)
+            eng.generate(prompts, params)  # warm-up: graphs and kernels for these shapes
+            best = None
+            for _ in range(args.repeats):
+                eng.flush_cache()
+                eng.generate(prompts, {**params, "max_new_tokens": 1})
+                acc.clear()
+                if events is not None:
+                    events.clear()
+                steps0 = sched.num_forward_steps
+                t = time.perf_counter()
+                out = eng.generate(prompts, params)
+                wall = time.perf_counter() - t
+                if cuda:
+                    torch.cuda.synchronize()
+                n = sched.num_forward_steps - steps0
+                row = {key: acc[key] / n * 1e3 for key in PHASES}
+                row["device"] = sum(a.elapsed_time(b) for a, b in events) / n if cuda else None
+                row.update(wall=wall, steps=n, tokens=sum(len(r["output_ids"]) for r in out))
+                if best is None or wall < best["wall"]:
+                    best = row
+            results[name] = best
+    print(json.dumps(results))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", default=None)
+    ap.add_argument("--workloads", nargs="+", default=["code", "free", "json"])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--side", choices=["on", "off"], help="one side's worker (internal)")
+    args = ap.parse_args()
+    if args.side:
+        return run_side(args)
+    sides = {}
+    for side in ("off", "on"):
+        cmd = [sys.executable, __file__, "--side", side, "--batch", str(args.batch), "--repeats", str(args.repeats),
+               "--new", str(args.new), "--dtype", args.dtype, "--workloads", *args.workloads]
+        cmd += ["--threads", str(args.threads)] if args.threads else []
+        cmd += ["--model-path", args.model_path] if args.model_path else []
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+        if proc.returncode:
+            sys.exit(proc.stderr[-3000:])
+        sides[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    _print(args, sides)
+
+
+def _print(args, sides: dict) -> None:
+    import torch
+
+    print(f"batch {args.batch}, {args.new} new tokens, best of {args.repeats}; threads={args.threads} "
+          f"dtype={args.dtype} torch {torch.__version__}; ms per step")
+    head = ["workload", "side", "tok/s", "steps", "step", "device", "idle", "plan", "build", "launch", "observe",
+            "process", "sampler"]
+    print(" ".join(f"{h:>8s}" for h in head))
+    for name in args.workloads:
+        for side in ("off", "on"):
+            r = sides[side][name]
+            dev = r["device"]
+            cells = [name, side, f"{r['tokens'] / r['wall']:.0f}", str(r["steps"]), f"{r['step']:.3f}",
+                     "-" if dev is None else f"{dev:.3f}", "-" if dev is None else f"{r['step'] - dev:.3f}",
+                     *(f"{r[k]:.3f}" for k in ("plan", "build", "launch", "observe", "process", "sampler"))]
+            print(" ".join(f"{c:>8s}" for c in cells))
+        off, on = sides["off"][name], sides["on"][name]
+        print(f"{'':8s} on/off tok/s {on['tokens'] / on['wall'] / (off['tokens'] / off['wall']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
