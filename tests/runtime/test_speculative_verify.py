@@ -124,7 +124,7 @@ def test_ngram_index_equals_a_scan_as_the_sequence_grows():
             if n <= len(seq):
                 assert index.lookup(seq, n) == _reference_lookup(seq, n), (len(seq), n)
                 every = [e for e in range(n, len(seq)) if seq[e - n : e] == seq[-n:]]
-                assert index.occurrences(seq, n) == every, (len(seq), n)
+                assert list(index.occurrences(seq, n)) == every, (len(seq), n)
     assert {0, 1, 2, TAIL_SCAN_MAX} <= tails
 
 

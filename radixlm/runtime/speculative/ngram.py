@@ -91,21 +91,21 @@ class NgramIndex:
         """Index seq's new tokens (so other running requests see them) without a lookup."""
         self._update(seq)
 
-    def occurrences(self, seq: list[int], n: int) -> list[int]:
+    def occurrences(self, seq: list[int], n: int) -> Sequence[int]:
         """The positions right after each earlier occurrence of seq's last n tokens (one ending before
-        seq's last token), ascending: the indexed ones, then those in the tail not indexed yet."""
+        seq's last token), ascending: the indexed ones, then those in the tail not indexed yet. Read only:
+        without a match in the tail it is the table's own list (a common token's runs to hundreds)."""
         if len(seq) - self._indexed > TAIL_SCAN_MAX:
             self._update(seq)
         if not self.min_n <= n <= self.max_n or n > len(seq):
-            return []
+            return ()
         key = tuple(seq[-n:])
         found = self._ends[n].get(key)
-        ends = [] if found is None else [found] if found.__class__ is int else list(found)
+        ends = () if found is None else (found,) if found.__class__ is int else found
         last = seq[-1]
-        for end in range(max(self._indexed, n), len(seq)):
-            if seq[end - 1] == last and tuple(seq[end - n : end]) == key:
-                ends.append(end)
-        return ends
+        tail = [end for end in range(max(self._indexed, n), len(seq))
+                if seq[end - 1] == last and tuple(seq[end - n : end]) == key]
+        return [*ends, *tail] if tail else ends
 
     def keys(self):
         for table in self._ends.values():
