@@ -68,23 +68,25 @@ class NgramIndex:
         # The n-gram ending at the last position is the suffix being looked up: index up to len - 1. Each
         # position's n-grams are slices of one tuple of its longest: this runs for every running request
         # every step, and building each n-gram from the list was most of the controller's time.
+        # (json at 16 rows indexes ~56 tokens a row a step, longer than the GPU's step: one dict probe per
+        # n-gram, not two, and one shared entry per position, docs/benchmarks.md session 38.)
         self.tokens = seq
-        shared, tables, lo, hi, shared_lo = self.shared, self._ends, self.min_n, self.max_n, self.shared_min_n
+        shared, lo, hi, shared_lo = self.shared, self.min_n, self.max_n, self.shared_min_n
+        tables = [(n, self._ends[n]) for n in range(lo, hi + 1)]
         for end in range(max(self._indexed, lo), len(seq)):
             top = min(hi, end)
             window = tuple(seq[end - top : end])
-            for n in range(lo, top + 1):
+            entry = (self, end)
+            for n, table in tables[: top - lo + 1]:
                 key = window[top - n :]
-                table = tables[n]
-                ends = table.get(key)
-                if ends is None:
-                    table[key] = end  # most n-grams occur once: an int, a list from the second
-                elif ends.__class__ is int:
-                    table[key] = [ends, end]
-                else:
-                    ends.append(end)
+                ends = table.setdefault(key, end)  # most n-grams occur once: an int, a list from the second
+                if ends != end:  # it occurred before (no earlier entry can hold this end)
+                    if ends.__class__ is int:
+                        table[key] = [ends, end]
+                    else:
+                        ends.append(end)
                 if shared is not None and n >= shared_lo:
-                    shared[key] = (self, end)
+                    shared[key] = entry
         self._indexed = max(self._indexed, len(seq))
 
     def observe(self, seq: list[int]) -> None:
