@@ -111,7 +111,8 @@ def _reference_lookup(seq, n):
 
 def test_ngram_index_equals_a_scan_as_the_sequence_grows():
     """Lookups read the indexed n-grams and scan the tail added since the last observe (tails of 0 to
-    TAIL_SCAN_MAX + 8 tokens here): every occurrence is found, as by a scan of the whole sequence."""
+    TAIL_SCAN_MAX tokens here; a longer one is indexed first): every occurrence is found, as by a scan of
+    the whole sequence."""
     g = torch.Generator().manual_seed(0)
     seq: list[int] = []
     index, tails = NgramIndex(1, 4), set()
