@@ -15,6 +15,7 @@ device time. Each side runs in its own process (bench_speculative's rule), one a
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import os
@@ -25,6 +26,42 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PHASES = ["step", "plan", "build", "launch", "observe", "process", "sampler"]
+
+
+class ReplayForward:
+    """Stands in for ModelRunner.forward (--host-only): fp32 logits [N, V], one-hot at the recorded greedy
+    token that follows each logits position (EOS past a recorded output), so the Sampler's argmax gives
+    what the model gave. The buffer is reused: only the previous step's ones are cleared."""
+
+    def __init__(self, vocab_size: int, eos: int):
+        import torch
+
+        self.outputs: dict[tuple[int, ...], list[int]] = {}  # prompt ids -> prompt + greedy output ids
+        self.eos = eos
+        self.buf = torch.zeros(1024, vocab_size)
+        self.set: tuple | None = None
+        self.active = False  # the warm-up runs the real forward and records its outputs
+
+    def record(self, prompt_ids: list[list[int]], output_ids: list[list[int]]) -> None:
+        for prompt, out in zip(prompt_ids, output_ids):
+            self.outputs[tuple(prompt)] = list(prompt) + list(out)
+
+    def __call__(self, batch, logits_indices, argmax_only: bool = False):
+        import torch
+
+        starts = batch.meta.extend_start_loc_list
+        tokens = []
+        for index in logits_indices.tolist():
+            r = bisect.bisect_right(starts, index) - 1
+            row = batch.rows[r]
+            seq = self.outputs[tuple(row.req.input_ids)]
+            pos = row.start + index - starts[r] + 1  # the position this logits row predicts
+            tokens.append(seq[pos] if pos < len(seq) else self.eos)
+        if self.set is not None:
+            self.buf[self.set] = 0.0
+        self.set = (torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.int64))
+        self.buf[self.set] = 1.0
+        return self.buf[: len(tokens)]
 
 
 def _timed(obj, attr: str, acc: dict, key: str, events: list | None = None) -> None:
@@ -45,6 +82,29 @@ def _timed(obj, attr: str, acc: dict, key: str, events: list | None = None) -> N
         return out
 
     setattr(obj, attr, wrapped)
+
+
+def _per_step(sched, scheduler_module, acc: dict) -> None:
+    """acc["host16"]: the summed host time (step less launch, Sampler and observe) of the steps with 8+ rows,
+    acc["steps16"] their count (wraps the already-timed step and build_forward_batch)."""
+    step, build = sched.step, scheduler_module.build_forward_batch
+    rows = [0]
+
+    def counted_build(planned, *args, **kwargs):
+        rows[0] = len(planned)
+        return build(planned, *args, **kwargs)
+
+    def counted_step():
+        before = {k: acc[k] for k in ("step", "launch", "sampler", "observe")}
+        rows[0] = 0
+        out = step()
+        if rows[0] >= 8:
+            d = {k: acc[k] - v for k, v in before.items()}
+            acc["host16"] += d["step"] - d["launch"] - d["sampler"] - d["observe"]
+            acc["steps16"] += 1
+        return out
+
+    sched.step, scheduler_module.build_forward_batch = counted_step, counted_build
 
 
 def run_side(args) -> None:
@@ -68,14 +128,25 @@ def run_side(args) -> None:
         _timed(sched, "step", acc, "step")
         _timed(sched, "_plan", acc, "plan")
         _timed(scheduler_module, "build_forward_batch", acc, "build")
+        replay = ReplayForward(runner.dims.vocab_size, eng.tokenizer.eos_token_id) if args.host_only else None
+        if replay is not None:
+            real_forward = runner.forward
+            runner.forward = lambda *a, **k: (replay if replay.active else real_forward)(*a, **k)
         _timed(runner, "forward", acc, "launch", events)
         _timed(sched.out, "process", acc, "process")
         _timed(Sampler, "__call__", acc, "sampler")
         if sched.spec is not None:
             _timed(sched.spec, "observe", acc, "observe")
+        _per_step(sched, scheduler_module, acc)
         for name in args.workloads:
             prompts, params = B._prompts(eng.tokenizer, name, args.batch), B._params(spec_args, name)
-            eng.generate(prompts, params)  # warm-up: graphs and kernels for these shapes
+            if replay is not None:  # the stand-in wrote no K/V: the tree's cached prompts are not the model's
+                replay.active = False
+                eng.flush_cache()
+            warm = eng.generate(prompts, params)  # warm-up: graphs and kernels for these shapes
+            if replay is not None:  # from here on the recorded outputs stand in for the model
+                replay.record([eng.tokenizer(p)["input_ids"] for p in prompts], [r["output_ids"] for r in warm])
+                replay.active = True
             best = None
             for _ in range(args.repeats):
                 eng.flush_cache()
@@ -92,7 +163,9 @@ def run_side(args) -> None:
                 n = sched.num_forward_steps - steps0
                 row = {key: acc[key] / n * 1e3 for key in PHASES}
                 row["device"] = sum(a.elapsed_time(b) for a, b in events) / n if cuda else None
-                row.update(wall=wall, steps=n, tokens=sum(len(r["output_ids"]) for r in out))
+                row["host16"] = acc["host16"] / max(1, acc["steps16"]) * 1e3
+                row.update(wall=wall, steps=n, steps16=acc["steps16"], tokens=sum(len(r["output_ids"]) for r in out),
+                           same=[r["output_ids"] for r in out] == [r["output_ids"] for r in warm])
                 if best is None or wall < best["wall"]:
                     best = row
             results[name] = best
@@ -108,6 +181,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--host-only", action="store_true", help="replay recorded outputs through a stand-in "
+                    "forward: the host's time per step alone (module docstring)")
     ap.add_argument("--side", choices=["on", "off"], help="one side's worker (internal)")
     args = ap.parse_args()
     if args.side:
@@ -117,6 +192,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--side", side, "--batch", str(args.batch), "--repeats", str(args.repeats),
                "--new", str(args.new), "--dtype", args.dtype, "--workloads", *args.workloads]
         cmd += ["--threads", str(args.threads)] if args.threads else []
+        cmd += ["--host-only"] if args.host_only else []
         cmd += ["--model-path", args.model_path] if args.model_path else []
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
         if proc.returncode:
@@ -129,9 +205,10 @@ def _print(args, sides: dict) -> None:
     import torch
 
     print(f"batch {args.batch}, {args.new} new tokens, best of {args.repeats}; threads={args.threads} "
-          f"dtype={args.dtype} torch {torch.__version__}; ms per step")
+          f"dtype={args.dtype} torch {torch.__version__}; ms per step"
+          + ("; host only: recorded outputs replayed through a stand-in forward" if args.host_only else ""))
     head = ["workload", "side", "tok/s", "steps", "step", "device", "idle", "plan", "build", "launch", "observe",
-            "process", "sampler"]
+            "process", "sampler", "host", "host16", "same"]
     print(" ".join(f"{h:>8s}" for h in head))
     for name in args.workloads:
         for side in ("off", "on"):
@@ -139,7 +216,9 @@ def _print(args, sides: dict) -> None:
             dev = r["device"]
             cells = [name, side, f"{r['tokens'] / r['wall']:.0f}", str(r["steps"]), f"{r['step']:.3f}",
                      "-" if dev is None else f"{dev:.3f}", "-" if dev is None else f"{r['step'] - dev:.3f}",
-                     *(f"{r[k]:.3f}" for k in ("plan", "build", "launch", "observe", "process", "sampler"))]
+                     *(f"{r[k]:.3f}" for k in ("plan", "build", "launch", "observe", "process", "sampler")),
+                     f"{r['step'] - r['launch'] - r['sampler'] - r['observe']:.3f}",
+                     f"{r['host16']:.3f} ({r['steps16']})", "yes" if r["same"] else "no"]
             print(" ".join(f"{c:>8s}" for c in cells))
         off, on = sides["off"][name], sides["on"][name]
         print(f"{'':8s} on/off tok/s {on['tokens'] / on['wall'] / (off['tokens'] / off['wall']):.2f}x")
