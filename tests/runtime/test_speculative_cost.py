@@ -8,7 +8,7 @@ import pytest
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.speculative.adaptive import DRY_LOOKUPS, DRY_SKIP, FIRST_PRIOR, AdaptiveState
 from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
-                                                    ONE_ROW_CHANCE, SpecController)
+                                                    ONE_ROW_CHANCE, SETTLE_SPREAD, SETTLE_TOKENS, SpecController)
 from radixlm.runtime.speculative.cost import min_chance, min_expected
 from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
@@ -241,3 +241,49 @@ def test_requests_finished_in_a_step_are_let_go_of_after_the_next_launch():
     ctl.on_finish(_req("last", REPEAT), later=True)
     ctl.settle()  # the loop, once idle
     assert proposer.finished[-1] == "last"
+
+
+def test_a_burst_of_finished_requests_is_settled_over_the_next_launches():
+    """A launch settles SETTLE_TOKENS of finished text (the oldest requests first, at least one), or
+    1/SETTLE_SPREAD of the backlog where that is more: a batch finishing at once does not stall one step."""
+    ctl, proposer = _counting_controller()
+    long = list(range(SETTLE_TOKENS // 2 + 1))  # two of these are over the budget
+    for i in range(8):
+        ctl.on_finish(_req(f"f{i}", long), later=True)
+    backlog = 8 * len(long)
+    assert backlog // SETTLE_SPREAD < SETTLE_TOKENS  # the plain budget holds for this backlog
+    ctl.observe([])
+    assert proposer.finished == ["f0", "f1"]  # the second one takes the settled text past the budget
+    ctl.observe([])
+    assert proposer.finished == ["f0", "f1", "f2", "f3"]
+    ctl.settle()  # idle: everything
+    assert proposer.finished == [f"f{i}" for i in range(8)]
+    ctl.check_integrity(idle=True)
+    big = [_req(f"b{i}", long) for i in range(4 * SETTLE_SPREAD)]
+    for req in big:
+        ctl.on_finish(req, later=True)
+    ctl.observe([])  # a backlog of 4 * SPREAD requests: a 1/SPREAD share of it is 4 requests' text
+    assert proposer.finished[8:] == ["b0", "b1", "b2", "b3"]
+    ctl.settle()
+
+
+def test_a_reused_rid_settles_its_finished_namesake_first():
+    """The proposer keys its state by rid: a finished request not yet settled is let go of before a new
+    request with its rid is shown to the proposer (or finishes itself)."""
+    ctl, proposer = _counting_controller()
+    log = []
+    proposer.on_finish = lambda req: log.append(("finish", req.rid, id(req)))
+    proposer.observe = lambda reqs: log.append(("observe", [r.rid for r in reqs]))
+    old = _req("x", REPEAT)
+    ctl.on_finish(old, later=True)
+    ctl.on_finish(_req("y", REPEAT), later=True)
+    new = _req("x", REPEAT)
+    ctl.observe([new])
+    assert log[0] == ("finish", "x", id(old)) and ("observe", ["x"]) in log
+    assert log.index(("observe", ["x"])) > 0
+    ctl.on_finish(new, later=True)
+    ctl.on_finish(_req("x", REPEAT), later=True)  # a third "x" finishing: the second is settled first
+    assert ("finish", "x", id(new)) in log
+    ctl.settle()
+    assert [e[1] for e in log if e[0] == "finish"].count("x") == 3
+    ctl.check_integrity(idle=True)

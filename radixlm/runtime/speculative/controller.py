@@ -69,6 +69,13 @@ LARGE_BATCH_STREAK = 2
 # while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
 ONE_ROW_CHANCE = 0.35
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
+# A request finished in a step leaves the proposer (its text out of the live table and into the corpus, a few
+# us a token of prompt + output on the CPU) after the next launch, where a GPU's step hides it; but a step
+# settles at most SETTLE_TOKENS of such text, or 1/SETTLE_SPREAD of the backlog where that is more: code at
+# 16 rows finishes 12 requests in one step, 14.6 ms of settling against a device step of ~2.5 ms on the H200
+# (docs/benchmarks.md, session 39). The rest wait for the next launches, or for the idle loop.
+SETTLE_TOKENS = 256
+SETTLE_SPREAD = 16
 
 
 class Proposer(Protocol):
@@ -106,7 +113,7 @@ class SpecController:
         self.cost_aware = COST_AWARE
         self.stats = SpecStats()
         self.observes_after_launch = False  # set by the first observe(): the scheduler indexes after launches
-        self._finished: list[Req] = []  # finished in steps, not yet let go of by the proposer (settle)
+        self._finished: dict[str, Req] = {}  # finished in steps, not yet let go of by the proposer (settle)
         self._state: dict[str, AdaptiveState] = {}
         self._q: dict[str, torch.Tensor] = {}  # this step's sampled drafts' distributions (verify.py)
 
@@ -114,6 +121,7 @@ class SpecController:
         """Draft tokens per decoding request ([] = a plain decode row); running: every running request
         (decoding or still prefilling), whose text proposals may continue."""
         chosen, ks, copying, strong_only = [], [], [], set()
+        self._settle_clashes(reqs)
         large = len(reqs) >= LARGE_BATCH
         need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
@@ -174,7 +182,8 @@ class SpecController:
         propose leaves indexing to it, so at a proposal the newest token of a request that looks nothing
         up is not yet indexed (an n-gram continuing with it matters only where a token repeats itself)."""
         self.observes_after_launch = True
-        self.settle()
+        self._settle_clashes(running)
+        self.settle(budget=True)
         self.proposer.observe(running)
 
     def _may_pay(self, chosen: list[Req], ks: list[int], rows: int) -> bool:
@@ -234,17 +243,34 @@ class SpecController:
         the live table and entering the corpus costs the host 1-2 ms, which the next launch can hide)."""
         self._state.pop(req.rid, None)
         self._q.pop(req.rid, None)
+        self._settle_clashes([req])  # the proposer keys its state by rid: one request per rid at a time
         if later:
-            self._finished.append(req)
+            self._finished[req.rid] = req
         else:
             self.proposer.on_finish(req)
 
-    def settle(self) -> None:
-        """The proposer's part of on_finish for the requests finished in steps: after the next launch
-        (observe), or once the scheduler is idle (SchedulerLoop), after their outputs have gone."""
-        for req in self._finished:
+    def settle(self, budget: bool = False) -> None:
+        """The proposer's part of on_finish for the requests finished in steps, oldest first: after the next
+        launches (observe; budget: SETTLE_TOKENS a step), or all once the scheduler is idle (SchedulerLoop),
+        after their outputs have gone."""
+        left = None
+        if budget and self._finished:
+            backlog = sum(req.seq_len() for req in self._finished.values())
+            left = max(SETTLE_TOKENS, backlog // SETTLE_SPREAD)
+        while self._finished and (left is None or left > 0):
+            req = self._finished.pop(next(iter(self._finished)))
             self.proposer.on_finish(req)
-        self._finished.clear()
+            if left is not None:
+                left -= req.seq_len()
+
+    def _settle_clashes(self, reqs: list[Req]) -> None:
+        """Settle now any finished request whose rid one of reqs (running, or finishing) reuses."""
+        if self._finished:
+            for req in reqs:
+                old = self._finished.get(req.rid)
+                if old is not None and old is not req:
+                    del self._finished[req.rid]
+                    self.proposer.on_finish(old)
 
     def flush(self) -> None:
         self.settle()

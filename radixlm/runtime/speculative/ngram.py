@@ -109,9 +109,11 @@ class NgramIndex:
                 if seq[end - 1] == last and tuple(seq[end - n : end]) == key]
         return [*ends, *tail] if tail else ends
 
-    def keys(self):
-        for table in self._ends.values():
-            yield from table
+    def keys(self, min_n: int = 1):
+        """The n-grams indexed, for every n >= min_n."""
+        for n, table in self._ends.items():
+            if n >= min_n:
+                yield from table
 
     def lookup(self, seq: list[int], n: int, cursors: Sequence[int] = ()) -> int | None:
         """Where an earlier occurrence of seq's last n tokens continues (the first after a cursor, else the
@@ -177,7 +179,7 @@ class LiveNgrams:
         table = self._maps.get(namespace)
         if table is None:
             return
-        for key in index.keys():
+        for key in index.keys(index.shared_min_n):  # shorter ones were never written here
             found = table.get(key)
             if found is not None and found[0] is index:
                 del table[key]
@@ -201,17 +203,16 @@ class NgramCorpus:
     def add(self, namespace: str, seq: list[int]) -> None:
         table = self._maps.setdefault(namespace, OrderedDict())
         lo, hi, k = self.min_n, self.max_n, self.k
+        before, latest = len(table), table.move_to_end
         for end in range(lo, len(seq)):
             cont = tuple(seq[end : end + k])
             top = min(hi, end)
             window = tuple(seq[end - top : end])  # each n-gram a slice of it (NgramIndex._update)
             for n in range(lo, top + 1):
                 key = window[top - n :]
-                if key in table:
-                    table.move_to_end(key)
-                else:
-                    self._size += 1
-                table[key] = cont
+                table[key] = cont  # a new key goes last; a known one keeps its place until moved there
+                latest(key)
+        self._size += len(table) - before
         while self._size > self.max_entries:
             largest = max(self._maps.values(), key=len)
             largest.popitem(last=False)
