@@ -148,9 +148,11 @@ class SpecController:
             chosen = []  # _step_pays would drop every draft: no lookups (on a GPU the host's time is the step's)
         if not self.observes_after_launch:
             self.proposer.observe(running if running is not None else reqs)
-        proposals = self.proposer.propose(chosen, ks, copying, large) if chosen else []
-        drafts = dict(zip((r.rid for r in chosen), proposals))
         self._q.clear()
+        if not chosen:  # nothing looked up (free text in a large step, mostly): no draft to cut or count
+            return [[] for _ in reqs]
+        proposals = self.proposer.propose(chosen, ks, copying, large)
+        drafts = dict(zip((r.rid for r in chosen), proposals))
         out = []
         for req in reqs:
             draft, match, _ = drafts.get(req.rid, ([], 0, None))
