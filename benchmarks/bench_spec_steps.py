@@ -33,12 +33,13 @@ class ReplayForward:
     token that follows each logits position (EOS past a recorded output), so the Sampler's argmax gives
     what the model gave. The buffer is reused: only the previous step's ones are cleared."""
 
-    def __init__(self, vocab_size: int, eos: int):
+    def __init__(self, vocab_size: int, eos: int, device="cpu"):
         import torch
 
         self.outputs: dict[tuple[int, ...], list[int]] = {}  # prompt ids -> prompt + greedy output ids
         self.eos = eos
-        self.buf = torch.zeros(1024, vocab_size)
+        self.device = device
+        self.buf = torch.zeros(1024, vocab_size, device=device)
         self.set: tuple | None = None
         self.active = False  # the warm-up runs the real forward and records its outputs
 
@@ -59,7 +60,8 @@ class ReplayForward:
             tokens.append(seq[pos] if pos < len(seq) else self.eos)
         if self.set is not None:
             self.buf[self.set] = 0.0
-        self.set = (torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.int64))
+        self.set = (torch.arange(len(tokens), device=self.device),
+                    torch.tensor(tokens, dtype=torch.int64).to(self.device))
         self.buf[self.set] = 1.0
         return self.buf[: len(tokens)]
 
@@ -128,7 +130,8 @@ def run_side(args) -> None:
         _timed(sched, "step", acc, "step")
         _timed(sched, "_plan", acc, "plan")
         _timed(scheduler_module, "build_forward_batch", acc, "build")
-        replay = ReplayForward(runner.dims.vocab_size, eng.tokenizer.eos_token_id) if args.host_only else None
+        replay = ReplayForward(runner.dims.vocab_size, eng.tokenizer.eos_token_id, runner.device) if args.host_only \
+            else None
         if replay is not None:
             real_forward = runner.forward
             runner.forward = lambda *a, **k: (replay if replay.active else real_forward)(*a, **k)
