@@ -269,21 +269,23 @@ def test_a_burst_of_finished_requests_is_settled_over_the_next_launches():
 
 def test_a_reused_rid_settles_its_finished_namesake_first():
     """The proposer keys its state by rid: a finished request not yet settled is let go of before a new
-    request with its rid is shown to the proposer (or finishes itself)."""
+    request with its rid is shown to the proposer (or finishes itself), whatever the budget leaves."""
     ctl, proposer = _counting_controller()
     log = []
     proposer.on_finish = lambda req: log.append(("finish", req.rid, id(req)))
     proposer.observe = lambda reqs: log.append(("observe", [r.rid for r in reqs]))
+    long = list(range(SETTLE_TOKENS + 1))  # each one alone is over a launch's budget
+    for i in range(3):
+        ctl.on_finish(_req(f"f{i}", long), later=True)
     old = _req("x", REPEAT)
     ctl.on_finish(old, later=True)
-    ctl.on_finish(_req("y", REPEAT), later=True)
     new = _req("x", REPEAT)
-    ctl.observe([new])
-    assert log[0] == ("finish", "x", id(old)) and ("observe", ["x"]) in log
-    assert log.index(("observe", ["x"])) > 0
+    ctl.observe([new])  # the budget reaches f0 only; the old "x" goes first all the same
+    assert log == [("finish", "x", id(old)), ("finish", "f0", log[1][2]), ("observe", ["x"])]
     ctl.on_finish(new, later=True)
-    ctl.on_finish(_req("x", REPEAT), later=True)  # a third "x" finishing: the second is settled first
-    assert ("finish", "x", id(new)) in log
+    third = _req("x", REPEAT)
+    ctl.on_finish(third, later=True)  # a third "x" finishing: the second is settled at once
+    assert log[-1] == ("finish", "x", id(new))
     ctl.settle()
-    assert [e[1] for e in log if e[0] == "finish"].count("x") == 3
+    assert [e[1] for e in log if e[0] == "finish"] == ["x", "f0", "x", "f1", "f2", "x"]
     ctl.check_integrity(idle=True)

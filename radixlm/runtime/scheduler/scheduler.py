@@ -129,7 +129,7 @@ class Scheduler:
             self.running.remove(req)
             self.kv.release(req)
             if self.spec is not None:
-                self.spec.on_finish(req, later=True)  # settled after the next launch, or once idle
+                self.spec.on_finish(req, later=True)  # settled after the next launches, or once idle
         for row in rows:
             # A prompt (or chunk of one) just computed goes into the tree now, not at finish, so
             # siblings admitted in the next steps share it (SGLang's cache_unfinished_req).

@@ -6,7 +6,7 @@ length; none where the step's size makes the draft unlikely to pay, cost.py); th
 a request with a draft into one extend row [last token, d1..dk] and the OutputProcessor verifies it
 (verify.py); `on_verified` feeds the adaptive state and the counters; `on_finish` drops the request's
 state, and the proposer's (a finished sequence goes to the cross-request n-gram corpus) at once for an
-abort, at `settle` for a request finished in a step (after the next launch, or once idle). Every running
+abort, at `settle` for a request finished in a step (after the next launches, or once idle). Every running
 request (also one still prefilling) is shown to the proposer (`observe`, which the scheduler calls right
 after launching each step), so an n-gram proposal can continue the text of another request running now
 (ngram.LiveNgrams). The NGRAM proposer is ngram_proposer.py.
@@ -242,7 +242,8 @@ class SpecController:
 
     def on_finish(self, req: Req, later: bool = False) -> None:
         """later: the proposer lets go of req at settle() (a request finished in a step: its text leaving
-        the live table and entering the corpus costs the host 1-2 ms, which the next launch can hide)."""
+        the live table and entering the corpus costs the host a few us a token, which the next launches hide:
+        SETTLE_TOKENS)."""
         self._state.pop(req.rid, None)
         self._q.pop(req.rid, None)
         self._settle_clashes([req])  # the proposer keys its state by rid: one request per rid at a time
