@@ -26,13 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine_info import machine_lines  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PEERS = Path.home() / ".cache" / "radixlm-peers"
@@ -274,21 +276,6 @@ class Worker:
         self.proc.wait(timeout=120)
 
 
-def cpu_report() -> list[str]:
-    import torch
-
-    flags = ""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
-        fl = next((ln.split(":", 1)[1].split() for ln in out.splitlines() if ln.startswith("Flags")), [])
-        flags = " ".join(sorted(f for f in fl if f.startswith(("avx", "amx", "fma", "f16c"))))
-    except OSError:
-        model = platform.processor() or platform.machine()
-    return [f"CPU {model}; {os.cpu_count()} cores; torch capability {torch.backends.cpu.get_cpu_capability()}",
-            f"flags: {flags}"]
-
-
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -363,7 +350,7 @@ def main() -> None:
         wk.close()
     os.unlink(f.name)
     print()
-    for line in cpu_report():
+    for line in machine_lines():
         print(line)
     for wk in workers:
         print(f"{wk.name}: {wk.version}")

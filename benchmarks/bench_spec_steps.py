@@ -220,6 +220,9 @@ def main() -> None:
 def _print(args, sides: dict) -> None:
     import torch
 
+    from machine_info import machine_lines
+
+    print("\n".join(machine_lines()))
     print(f"batch {args.batch}, {args.new} new tokens, best of {args.repeats}; threads={args.threads} "
           f"dtype={args.dtype} torch {torch.__version__}; ms per step"
           + ("; host only: recorded outputs replayed through a stand-in forward" if args.host_only else ""))

@@ -452,6 +452,9 @@ def main() -> None:
         return serve_worker(args)
     if args.side:
         return run_worker(args)
+    from machine_info import machine_lines
+
+    print("\n".join(machine_lines()), flush=True)
     if args.interleaved:
         return interleaved(args)
     if args.live:

@@ -9,16 +9,13 @@ at a time, the serving limit), so a compile's time is what a request waits for i
 from __future__ import annotations
 
 import collections
-import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from benchmarks.corpus_direct import SIDES, direct_side
+from benchmarks.machine_info import cpu_line
 from benchmarks.schema_corpus import (CorpusSchema, check_instances, compile_corpus, load_corpus,
                                       output_errors, refusal_reason, validator_for)
-
-FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "amx_tile")
-
 
 def _pct(values: list[float], q: float) -> float:
     if not values:
@@ -72,17 +69,6 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _cpu() -> str:
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "lscpu unavailable"
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    flags = set(fields.get("Flags", "").split())
-    model = fields.get("Model name", "?").strip()
-    return f"{model}, {fields.get('CPU(s)', '?').strip()} CPUs, flags: {' '.join(f for f in FLAGS if f in flags)}"
-
-
 def _ms(values: list[float]) -> str:
     return "/".join(f"{_pct(values, q) * 1e3:.1f}" for q in (.5, .9, .99))
 
@@ -92,7 +78,7 @@ def _print(rows: list[dict], direct: dict[str, list[dict]], corpus: list, thread
 
     print(f"\nreal-world JSON schemas: {len(corpus)} schemas | outlines-core {_version('outlines_core')} | xgrammar "
           f"{_version('xgrammar')} | llguidance {_version('llguidance')} | torch {torch.__version__} | threads "
-          f"{threads} | {_cpu()}")
+          f"{threads} | {cpu_line()}")
     print(f"\nthrough radixlm (SmolLM2 tokenizer, default whitespace, {timeout_s:g} s compile limit, one compile at a time):")
     head = ("backend", "coverage", "timeouts", "compile p50/p90/p99 ms (every schema)", "mask p50/p99 us",
             "walk outputs valid / finished", "valid instances accepted")
