@@ -75,15 +75,18 @@ def test_verified_drafts_teach_where_copies_end_and_where_they_go_on():
     assert fresh._tally.keys() == {(3, 4)}
 
 
+# A few-shot record (phone +1-555-0124) and its JSON answer, which closes the value where the record's
+# sentence goes on; then this request's record (+1-555-0134) and the start of its answer.
+SHOT_RECORD = [1, 2, 3, 4, 5, 6, 6, 6, 5, 7, 14, 4, 8, 9, 13]
+SHOT_ANSWER = [12, 2, 10, 4, 5, 6, 6, 6, 5, 7, 14, 4, 11, 13]
+RECORD = [1, 2, 3, 4, 5, 6, 6, 6, 5, 7, 15, 4, 8, 9, 13]
+ANSWER = [12, 2, 10, 4, 5, 6, 6, 6, 5, 7, 15]
+
+
 @pytest.mark.parametrize("large_batch", [False, True])
 def test_own_text_drafts_stop_where_the_prompts_copies_ended(large_batch):
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
-    # A few-shot record (phone +1-555-0124) and its JSON answer, which closes the value where the record's
-    # sentence goes on; then this request's record (+1-555-0134) and the start of its answer.
-    shot_record = [1, 2, 3, 4, 5, 6, 6, 6, 5, 7, 14, 4, 8, 9, 13]
-    shot_answer = [12, 2, 10, 4, 5, 6, 6, 6, 5, 7, 14, 4, 11, 13]
-    record = [1, 2, 3, 4, 5, 6, 6, 6, 5, 7, 15, 4, 8, 9, 13]
-    answer = [12, 2, 10, 4, 5, 6, 6, 6, 5, 7, 15]
+    shot_record, shot_answer, record, answer = SHOT_RECORD, SHOT_ANSWER, RECORD, ANSWER
     drafts = {}
     for name, shot in (("closes", shot_answer), ("goes on", shot_answer[:12] + [8, 9, 13])):
         prop = C.NgramProposer(config, _Tokenizer())
@@ -108,3 +111,25 @@ def test_a_rejected_own_text_draft_teaches_the_next_one():
     req.finish = FinishReason("length", length=0)
     prop.on_finish(req)
     prop.check_integrity(idle=True)
+
+
+def test_observe_builds_what_a_lookup_needs_and_the_draft_stays_the_same():
+    """Where a request's copies end (learned from its prompt) and, once it copies, its text for a text lookup
+    are built when the scheduler indexes after a launch (where a GPU hides the work), not at the lookup
+    before the next launch; the draft is the same either way."""
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
+    drafts = []
+    for observed in (False, True):
+        prop = C.NgramProposer(config, _Tokenizer())
+        prop.own_prior = 1.0
+        req = _req(SHOT_RECORD + SHOT_ANSWER + RECORD + ANSWER[:-1])
+        req.output_ids = ANSWER[-1:]
+        req.num_spec_accepted = 1  # copying: its drafts have been accepted
+        if observed:
+            prop.observe([req])
+            assert "a" in prop._breaks and prop._text["a"].ids == req.full_ids()
+        drafts.append(prop.propose([req], [4], [True])[0][0])
+        req.finish = FinishReason("length", length=0)
+        prop.on_finish(req)
+        prop.check_integrity(idle=True)
+    assert drafts[0] == drafts[1] == [4]

@@ -81,8 +81,16 @@ class NgramProposer:
         return own
 
     def observe(self, reqs: list[Req]) -> None:
+        """Index the new tokens, and build what a lookup may need next, where a GPU hides the work (the
+        scheduler calls this after a launch): where its copies end (learned from its prompt once) and, for a
+        copying request (drafts accepted), the text of its sequence for a text lookup. Built at the lookup
+        instead, they cost ~5 ms of a code run's 77 steps before launches (docs/benchmarks.md, session 39)."""
         for req in reqs:  # incremental: only tokens added since the last step are indexed
-            self._index(req).observe(req.full_ids())
+            seq = req.full_ids()
+            self._index(req).observe(seq)
+            self._copy_breaks(req)
+            if req.num_spec_accepted > 0 and self.text_of is not None:
+                self._text_index(req).observe(seq)
 
     def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
                 ) -> list[tuple[list[int], int, None]]:
@@ -113,7 +121,7 @@ class NgramProposer:
 
     def _copy_breaks(self, req: Req) -> CopyBreaks:
         breaks = self._breaks.get(req.rid)
-        if breaks is None:  # learned once, at the request's first own-text proposal
+        if breaks is None:  # learned once, at the request's first observe (or first own-text proposal)
             breaks = self._breaks[req.rid] = CopyBreaks(self._signatures)
             breaks.learn_prompt(req.input_ids)
         return breaks
@@ -132,10 +140,13 @@ class NgramProposer:
         p = propose_ngram(seq, self._index(req), self.corpus, req.namespace, k, self.live, min_n, cursors)
         if p.tokens or not copying or self.text_of is None:
             return p
+        return self._text_index(req).propose(seq, k, TEXT_MIN_CHARS, cursors)
+
+    def _text_index(self, req: Req) -> TextIndex:
         text = self._text.get(req.rid)
         if text is None:
             text = self._text[req.rid] = TextIndex(self.text_of)
-        return text.propose(seq, k, TEXT_MIN_CHARS, cursors)
+        return text
 
     def on_verified(self, req: Req, proposed: int, accepted: int) -> None:
         self.follow.verified(req.rid, accepted)

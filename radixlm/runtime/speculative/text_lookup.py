@@ -67,6 +67,10 @@ class TextIndex:
         del self.ids[keep:], self.offsets[keep + 1 :], self._parts[keep:]
         self._text = self._text[: self.offsets[-1]]
 
+    def observe(self, seq: list[int]) -> None:
+        """Take seq's new tokens' text (so a lookup's own update is short)."""
+        self._update(seq)
+
     def propose(self, seq: list[int], k: int, min_chars: int, cursors: Sequence[int] = ()) -> Proposal:
         """Up to k tokens continuing seq's text after an earlier occurrence of its last characters."""
         self._update(seq)
