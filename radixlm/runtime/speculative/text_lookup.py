@@ -45,7 +45,8 @@ class TextIndex:
         self.ids: list[int] = []
         self.offsets: list[int] = [0]
         self._parts: list[str] = []
-        self._text = ""
+        self._text = ""  # the first _joined parts, joined (at a lookup: observe only decodes the new pieces)
+        self._joined = 0
 
     def _update(self, seq: list[int]) -> None:
         if len(seq) < len(self.ids) or (self.ids and seq[len(self.ids) - 1] != self.ids[-1]):
@@ -58,14 +59,21 @@ class TextIndex:
             self._parts.append(part)
             self.offsets.append(self.offsets[-1] + len(part))
         self.ids.extend(new)
-        self._text += "".join(self._parts[-len(new) :])
 
     def _truncate(self, seq: list[int]) -> None:
         keep = 0
         while keep < min(len(seq), len(self.ids)) and seq[keep] == self.ids[keep]:
             keep += 1
         del self.ids[keep:], self.offsets[keep + 1 :], self._parts[keep:]
-        self._text = self._text[: self.offsets[-1]]
+        self._joined = min(self._joined, keep)
+        self._text = self._text[: self.offsets[self._joined]]
+
+    def text(self) -> str:
+        """The text of every token taken so far."""
+        if self._joined < len(self._parts):
+            self._text += "".join(self._parts[self._joined :])
+            self._joined = len(self._parts)
+        return self._text
 
     def observe(self, seq: list[int]) -> None:
         """Take seq's new tokens' text (so a lookup's own update is short)."""
@@ -74,7 +82,7 @@ class TextIndex:
     def propose(self, seq: list[int], k: int, min_chars: int, cursors: Sequence[int] = ()) -> Proposal:
         """Up to k tokens continuing seq's text after an earlier occurrence of its last characters."""
         self._update(seq)
-        text = self._text
+        text = self.text()
         ends = self._occurrences(text, min_chars)
         if not ends:
             return Proposal([], 0)
