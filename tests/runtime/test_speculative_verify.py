@@ -10,7 +10,8 @@ import torch
 
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, make_generator
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import TAIL_SCAN_MAX, LiveNgrams, NgramCorpus, NgramIndex, propose_ngram
+from radixlm.runtime.speculative.ngram import (TAIL_SCAN_MAX, LiveNgrams, NgramCorpus, NgramIndex, common_prefix,
+                                              propose_ngram)
 from radixlm.runtime.speculative.verify import verify_sampled
 from radixlm.sampling_params import SamplingParams
 
@@ -127,6 +128,75 @@ def test_ngram_index_equals_a_scan_as_the_sequence_grows():
                 every = [e for e in range(n, len(seq)) if seq[e - n : e] == seq[-n:]]
                 assert list(index.occurrences(seq, n)) == every, (len(seq), n)
     assert {0, 1, 2, TAIL_SCAN_MAX} <= tails
+
+
+def test_an_adopted_index_is_the_one_indexing_gives():
+    """A request that starts from another running request's index (their common prefix; adopt) ends with
+    the tables, and the live table's entries, that indexing its tokens one by one gives, whoever wrote the
+    live table before and after; and the donor's tables stay its own (they share lists)."""
+    g = torch.Generator().manual_seed(0)
+
+    def draw(vocab: int, n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+    adopted = 0
+    for _ in range(150):
+        vocab = [2, 3, 7, 50][int(torch.randint(0, 4, (1,), generator=g))]
+        base = draw(vocab, int(torch.randint(0, 150, (1,), generator=g)))
+        donor_seq = base + draw(vocab, int(torch.randint(0, 40, (1,), generator=g)))
+        seq = base + draw(vocab, int(torch.randint(0, 40, (1,), generator=g)))
+        other, min_n = draw(vocab, 60), int(torch.randint(1, 4, (1,), generator=g))
+        cut, split = len(donor_seq) // 2, len(seq) // 3
+        states = []
+        for adopt in (False, True):
+            live = LiveNgrams()
+            writer = NgramIndex(min_n, 8, live.table("ns"), 3)
+            writer.observe(other)
+            donor = NgramIndex(min_n, 8, live.table("ns"), 3)
+            donor.observe(donor_seq[:cut])
+            donor.observe(donor_seq)
+            writer.observe(other + [1, 0, 1, 0])  # a later writer of some of the same n-grams
+            new = NgramIndex(min_n, 8, live.table("ns"), 3)
+            if adopt:
+                adopted += new.adopt(donor, seq) > 0
+            new.observe(seq[:split])
+            new.observe(seq)
+            donor.observe(donor_seq + [0, 1, 0, 1])  # the donor goes on
+            names = {id(writer): "writer", id(donor): "donor", id(new): "new"}
+            states.append((new._ends, new.indexed, donor._ends,
+                           {key: (names[id(owner)], end) for key, (owner, end) in live._maps["ns"].items()}))
+        assert states[0] == states[1]
+    assert adopted > 100  # most histories share enough to adopt something
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 9], 4) == 3 and common_prefix([5], [5], 1) == 1
+
+
+def test_a_new_request_adopts_a_running_ones_prefix_but_not_a_constrained_ones(monkeypatch):
+    """NgramProposer: a request whose first ADOPT_MIN+ tokens a running request of its namespace holds starts
+    from that index; a constrained request (its tokens can be replaced) or another tenant's is no donor."""
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.messages import FinishReason
+    from radixlm.runtime.speculative import ngram_proposer as P
+
+    prefix = [int(t) for t in torch.randint(0, 500, (P.ADOPT_MIN + 40,), generator=torch.Generator().manual_seed(1))]
+    config = SpeculativeConfig(speculative_algorithm="NGRAM")
+    for donor_grammar, namespace, adopts in ((None, "", True), (object(), "", False), (None, "other", False)):
+        prop = P.NgramProposer(config)
+        calls = []
+        donor, new = _req("d", prefix + [1, 2, 3]), _req("n", prefix + [4, 5], namespace=namespace)
+        donor.grammar = donor_grammar
+        prop.observe([donor])
+        adopt = NgramIndex.adopt
+        monkeypatch.setattr(NgramIndex, "adopt", lambda self, *a: calls.append(a) or adopt(self, *a))
+        prop.observe([new])
+        monkeypatch.undo()
+        assert bool(calls) == adopts
+        fresh = NgramIndex(prop.short_n, prop.max_n)
+        fresh.observe(new.full_ids())
+        assert prop._own["n"]._ends == fresh._ends
+        for req in (donor, new):
+            req.finish = FinishReason("length", length=0)
+            prop.on_finish(req)
+        prop.check_integrity(idle=True)
 
 
 def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():

@@ -41,6 +41,20 @@ class Proposal(NamedTuple):
     shared: tuple[list[int], int] | None = None  # another running request's tokens, where the draft starts
 
 
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most limit (slice comparisons, halving the step)."""
+    lo, step = 0, max(1, limit)
+    while step:
+        hi = min(limit, lo + step)
+        if hi > lo and a[lo:hi] == b[lo:hi]:
+            lo = hi
+        else:
+            step //= 2
+        if lo == limit:
+            break
+    return lo
+
+
 def nearest_after(ends: Sequence[int], spans: Sequence[tuple[int, int]]) -> int | None:
     """Of the sorted positions ends, the one closest after (or at) the start of any span (lo, hi), and not
     past its hi; None when no span holds one."""
@@ -63,6 +77,10 @@ class NgramIndex:
         self._indexed = 0  # n-grams ending at positions < _indexed are in the maps
         self.tokens: list[int] = []  # the sequence last indexed (other requests read continuations here)
         self.shared = shared  # LiveNgrams' namespace table: n-gram -> (owner index, end)
+        # Whether the sequence only ever grows: _update indexes new positions only, so where tokens were
+        # replaced (a grammar's jump-forward re-tokenizes them) the tables still hold the old ones, and such
+        # an index is nobody's donor (adopt).
+        self.append_only = True
 
     def _update(self, seq: list[int]) -> None:
         # The n-gram ending at the last position is the suffix being looked up: index up to len - 1. Each
@@ -81,17 +99,53 @@ class NgramIndex:
                 key = window[top - n :]
                 ends = table.setdefault(key, end)  # most n-grams occur once: an int, a list from the second
                 if ends != end:  # it occurred before (no earlier entry can hold this end)
-                    if ends.__class__ is int:
-                        table[key] = [ends, end]
-                    else:
-                        ends.append(end)
+                    # a new list, not an append: an adopted table shares its lists with its donor's (adopt)
+                    table[key] = [ends, end] if ends.__class__ is int else ends + [end]
                 if shared is not None and n >= shared_lo:
                     shared[key] = entry
         self._indexed = max(self._indexed, len(seq))
 
+    @property
+    def indexed(self) -> int:
+        """The n-grams ending before this position are in the tables."""
+        return self._indexed
+
     def observe(self, seq: list[int]) -> None:
         """Index seq's new tokens (so other running requests see them) without a lookup."""
         self._update(seq)
+
+    def adopt(self, donor: NgramIndex, seq: list[int]) -> int:
+        """Start this (empty) index from donor's tables where they describe seq too: every n-gram that ends
+        within the tokens seq shares with donor.tokens (a batch's common system prompt or few-shot prefix;
+        a retried or continued conversation). The result, and the live table's entries, are what indexing
+        seq's first tokens one by one gives (tests compare them): a copy of each table (its lists shared,
+        which _update never changes in place), less the ends past the common prefix, and this index written
+        into the live table as the latest writer of each n-gram it now holds. Returns the positions taken."""
+        assert not self._indexed and donor.append_only and (donor.min_n, donor.max_n) == (self.min_n, self.max_n)
+        limit = min(len(seq), donor._indexed)
+        same = common_prefix(seq, donor.tokens, limit)
+        upto = min(same + 1, limit)  # ends e <= same: the n-gram before e lies within the common tokens
+        if upto <= self.min_n:
+            return 0
+        tokens, entries = donor.tokens, [(self, end) for end in range(upto)]
+        for n, table in donor._ends.items():
+            mine = self._ends[n] = dict(table)
+            for end in range(max(upto, n), donor._indexed):  # donor's own text past the common prefix
+                key = tuple(tokens[end - n : end])
+                ends = mine.get(key)
+                if ends is None:
+                    continue
+                kept = [e for e in ((ends,) if ends.__class__ is int else ends) if e < upto]
+                if not kept:
+                    del mine[key]
+                else:
+                    mine[key] = kept[0] if len(kept) == 1 else kept
+            if self.shared is not None and n >= self.shared_min_n:
+                self.shared.update({key: entries[ends if ends.__class__ is int else ends[-1]]
+                                    for key, ends in mine.items()})
+        self._indexed = upto
+        self.tokens = seq
+        return upto
 
     def occurrences(self, seq: list[int], n: int) -> Sequence[int]:
         """The positions right after each earlier occurrence of seq's last n tokens (one ending before

@@ -12,7 +12,8 @@ from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
 from radixlm.runtime.speculative.follow import Follow
-from radixlm.runtime.speculative.ngram import LiveNgrams, NgramCorpus, NgramIndex, Proposal, propose_ngram
+from radixlm.runtime.speculative.ngram import (LiveNgrams, NgramCorpus, NgramIndex, Proposal, common_prefix,
+                                               propose_ngram)
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
 
 # A copying request (controller.COPYING_ACCEPTANCE) accepts a suffix match this short in its own tokens.
@@ -52,6 +53,11 @@ OWN_WEAK_ACCEPTANCE = 0.5
 OWN_WEAK_MAX_DRAFT = 2
 OWN_PRIOR = 0.45
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
+# A new request whose first ADOPT_MIN+ tokens another running request's index already holds (a batch's
+# shared system prompt or few-shot prefix, a conversation continued) starts from a copy of that index
+# (NgramIndex.adopt) instead of indexing them one by one: ~2 us a token, where a cached prompt's prefill
+# step is short, so a GPU step waits for it (docs/benchmarks.md, session 39).
+ADOPT_MIN = 64
 
 
 class NgramProposer:
@@ -78,7 +84,27 @@ class NgramProposer:
         if own is None:
             own = self._own[req.rid] = NgramIndex(self.short_n, self.max_n, self.live.table(req.namespace),
                                                   self.min_n)
+            own.append_only = req.grammar is None  # jump-forward replaces a constrained request's tokens
+            seq = req.full_ids()
+            donor = self._donor(own, seq)
+            if donor is not None:
+                own.adopt(donor, seq)
         return own
+
+    def _donor(self, own: NgramIndex, seq: list[int]) -> NgramIndex | None:
+        """A running request's index (same namespace) that begins with ADOPT_MIN+ of seq's tokens and goes on
+        past them for less than that (its text after the common prefix is taken back out one n-gram at a
+        time); the one sharing the most, or None."""
+        best, best_len = None, ADOPT_MIN - 1
+        head = seq[:ADOPT_MIN]
+        for other in self._own.values():
+            if (other is own or not other.append_only or other.shared is not own.shared
+                    or other.tokens[:ADOPT_MIN] != head):
+                continue
+            same = common_prefix(seq, other.tokens, min(len(seq), other.indexed))
+            if same > best_len and other.indexed - same < same:
+                best, best_len = other, same
+        return best
 
     def observe(self, reqs: list[Req]) -> None:
         """Index the new tokens, and build what a lookup may need next, where a GPU hides the work (the
