@@ -2,7 +2,8 @@
 
 Runs in the scheduler process. Three sources, longest match first (at equal length in this order):
   - NgramIndex: the request's own tokens (prompt + output), indexed incrementally (each new token adds
-    one entry per n-gram length), so a lookup is a few dict probes and a scan of the few tokens added
+    one entry per n-gram length; a prompt that begins as another running request's does starts from a
+    copy of its index, adopt), so a lookup is a few dict probes and a scan of the few tokens added
     since the last observe (TAIL_SCAN_MAX), never a scan of the sequence;
   - LiveNgrams: the tokens of the other requests running now in the same namespace (their prompts, e.g.
     a few-shot prefix shared by a batch, and what they have generated so far). Each request's NgramIndex
