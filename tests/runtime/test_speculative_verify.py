@@ -199,6 +199,46 @@ def test_a_new_request_adopts_a_running_ones_prefix_but_not_a_constrained_ones(m
         prop.check_integrity(idle=True)
 
 
+def test_a_finished_requests_index_is_a_donor_for_the_next_turn(monkeypatch):
+    """A request that finished normally leaves its index behind (DONOR_TOKENS of them at most): a next turn
+    that begins with its whole sequence adopts it, in its namespace only; an aborted one leaves none, and a
+    flush forgets them."""
+    from radixlm.runtime.config import SpeculativeConfig
+    from radixlm.runtime.messages import FinishReason
+    from radixlm.runtime.speculative import ngram_proposer as P
+
+    turn = [int(t) for t in torch.randint(0, 300, (P.ADOPT_MIN + 50,), generator=torch.Generator().manual_seed(2))]
+    prop = P.NgramProposer(SpeculativeConfig(speculative_algorithm="NGRAM"))
+    adopt, calls = NgramIndex.adopt, []
+    monkeypatch.setattr(NgramIndex, "adopt", lambda self, donor, seq: calls.append(len(seq)) or adopt(self, donor, seq))
+
+    def run(rid: str, ids: list[int], out: list[int], finish: str = "length", namespace: str = "") -> None:
+        req = _req(rid, ids, namespace=namespace)
+        prop.observe([req])
+        req.output_ids = list(out)
+        prop.observe([req])
+        fresh = NgramIndex(prop.short_n, prop.max_n)
+        fresh.observe(req.full_ids())
+        assert prop._own[rid]._ends == fresh._ends
+        req.finish = FinishReason(finish, length=len(out)) if finish == "length" else FinishReason(finish, message="x")
+        prop.on_finish(req)
+        prop.check_integrity(idle=True)
+
+    run("t1", turn, [7, 8, 9])
+    assert calls == []
+    run("t2", turn + [7, 8, 9, 1, 2], [3])  # the next turn: the first one's prompt and answer, then more
+    assert calls == [len(turn) + 5]
+    run("t3", turn + [7, 8, 9, 1, 2], [3], namespace="other")  # another tenant's: indexed from scratch
+    assert len(calls) == 1
+    prop.flush()
+    run("t4", turn + [7, 8, 9, 1, 2], [3], finish="abort")  # nothing kept after the flush, or from an abort
+    run("t5", turn + [7, 8, 9, 1, 2], [3])
+    assert len(calls) == 1 and not any(rid for rid in prop._own)
+    for i in range(P.DONOR_TOKENS // len(turn) + 2):  # the kept indexes stay within DONOR_TOKENS
+        run(f"f{i}", [i + 1000] + turn, [])
+    prop.check_integrity(idle=True)
+
+
 def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():
     corpus = NgramCorpus(2, 4, k=3)
     corpus.add("a", [10, 11, 12, 13, 14, 15])

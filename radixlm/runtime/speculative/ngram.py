@@ -44,6 +44,8 @@ class Proposal(NamedTuple):
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     """How many leading tokens a and b share, at most limit (slice comparisons, halving the step)."""
+    if a[:limit] == b[:limit]:  # a prompt that repeats or continues another's whole text: one comparison
+        return limit
     lo, step = 0, max(1, limit)
     while step:
         hi = min(limit, lo + step)

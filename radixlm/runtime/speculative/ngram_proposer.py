@@ -8,6 +8,8 @@ text in follow.py; this class decides which of them proposes, and how much of a 
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
@@ -58,6 +60,10 @@ CURSORS = 3  # source positions of the latest accepted drafts a request keeps (n
 # (NgramIndex.adopt) instead of indexing them one by one: ~2 us a token, where a cached prompt's prefill
 # step is short, so a GPU step waits for it (docs/benchmarks.md, session 39).
 ADOPT_MIN = 64
+# ... or that a finished request's index holds, while that index is among the latest DONOR_TOKENS tokens of
+# finished requests kept (about 8 table entries a token): a conversation's next turn, an agent's next step
+# or a retried request begins with the whole previous sequence.
+DONOR_TOKENS = 1 << 14
 
 
 class NgramProposer:
@@ -78,6 +84,8 @@ class NgramProposer:
         self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
         self.own_prior = OWN_PRIOR  # the average before a request's first own-text draft is verified
         self.follow = Follow()  # where each request copies another running request's text (follow.py)
+        self._donors: OrderedDict[int, tuple[str, NgramIndex]] = OrderedDict()  # finished indexes, oldest first
+        self._donor_tokens = 0
 
     def _index(self, req: Req) -> NgramIndex:
         own = self._own.get(req.rid)
@@ -86,25 +94,38 @@ class NgramProposer:
                                                   self.min_n)
             own.append_only = req.grammar is None  # jump-forward replaces a constrained request's tokens
             seq = req.full_ids()
-            donor = self._donor(own, seq)
+            donor = self._donor(own, seq, req.namespace)
             if donor is not None:
                 own.adopt(donor, seq)
         return own
 
-    def _donor(self, own: NgramIndex, seq: list[int]) -> NgramIndex | None:
-        """A running request's index (same namespace) that begins with ADOPT_MIN+ of seq's tokens and goes on
-        past them for less than that (its text after the common prefix is taken back out one n-gram at a
-        time); the one sharing the most, or None."""
+    def _donor(self, own: NgramIndex, seq: list[int], namespace: str) -> NgramIndex | None:
+        """A running request's index (same namespace) or a kept finished one that begins with ADOPT_MIN+ of
+        seq's tokens and goes on past them for less than that (its text after the common prefix is taken
+        back out one n-gram at a time); the one sharing the most, or None."""
         best, best_len = None, ADOPT_MIN - 1
         head = seq[:ADOPT_MIN]
-        for other in self._own.values():
-            if (other is own or not other.append_only or other.shared is not own.shared
-                    or other.tokens[:ADOPT_MIN] != head):
-                continue
-            same = common_prefix(seq, other.tokens, min(len(seq), other.indexed))
+        running = [o for o in self._own.values() if o is not own and o.append_only and o.shared is own.shared]
+        for other in running + [index for ns, index in reversed(self._donors.values()) if ns == namespace]:
+            if other.tokens[:ADOPT_MIN] != head or other.tokens[: best_len + 1] != seq[: best_len + 1]:
+                continue  # cannot share more than the best so far (one comparison, not a search)
+            limit = min(len(seq), other.indexed)
+            same = common_prefix(seq, other.tokens, limit)
             if same > best_len and other.indexed - same < same:
                 best, best_len = other, same
+                if same == limit >= other.indexed - 1:  # all of it, nothing to take back out: none is better
+                    break
+        if best is not None and id(best) in self._donors:
+            self._donors.move_to_end(id(best))  # used: the last to go
         return best
+
+    def _keep_donor(self, namespace: str, index: NgramIndex) -> None:
+        index.shared = None  # finished: it writes no more (and holds no namespace's live table)
+        self._donors[id(index)] = (namespace, index)
+        self._donor_tokens += index.indexed
+        while self._donor_tokens > DONOR_TOKENS:
+            _, (_, old) = self._donors.popitem(last=False)
+            self._donor_tokens -= old.indexed
 
     def observe(self, reqs: list[Req]) -> None:
         """Index the new tokens, and build what a lookup may need next, where a GPU hides the work (the
@@ -200,9 +221,13 @@ class NgramProposer:
             self.live.remove(req.namespace, own)
         if req.finish is not None and req.finish.type != "abort":
             self.corpus.add(req.namespace, req.full_ids())
+            if own is not None and own.append_only:
+                self._keep_donor(req.namespace, own)
 
     def flush(self) -> None:
         self.corpus.clear()
+        self._donors.clear()
+        self._donor_tokens = 0
 
     def check_integrity(self, idle: bool) -> None:
         assert not idle or not self._own, "n-gram indexes left while idle"
@@ -210,3 +235,5 @@ class NgramProposer:
                                 or self._breaks), "text indexes / cursors / own-text state left while idle"
         assert not idle or not len(self.live), "live n-gram tables left while idle"
         assert not idle or not len(self.follow), "cursors into other requests' text left while idle"
+        assert self._donor_tokens == sum(index.indexed for _, index in self._donors.values()) <= DONOR_TOKENS
+        assert all(index.append_only and index.shared is None for _, index in self._donors.values())
