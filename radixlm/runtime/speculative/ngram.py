@@ -84,6 +84,10 @@ class NgramIndex:
         # replaced (a grammar's jump-forward re-tokenizes them) the tables still hold the old ones, and such
         # an index is nobody's donor (adopt).
         self.append_only = True
+        # Once it has adopted or been adopted from, the lists (an n-gram's ends, from its second occurrence)
+        # this index made since and alone holds: appended in place, any other is shared with a donor or an
+        # adopter and copied before it grows (adopt). None: every list is its own.
+        self._owned: set[int] | None = None
 
     def _update(self, seq: list[int]) -> None:
         # The n-gram ending at the last position is the suffix being looked up: index up to len - 1. Each
@@ -92,7 +96,7 @@ class NgramIndex:
         # (json at 16 rows indexes ~56 tokens a row a step, longer than the GPU's step: one dict probe per
         # n-gram, not two, and one shared entry per position, docs/benchmarks.md session 38.)
         self.tokens = seq
-        shared, lo, hi, shared_lo = self.shared, self.min_n, self.max_n, self.shared_min_n
+        shared, lo, hi, shared_lo, owned = self.shared, self.min_n, self.max_n, self.shared_min_n, self._owned
         tables = [(n, self._ends[n]) for n in range(lo, hi + 1)]
         for end in range(max(self._indexed, lo), len(seq)):
             top = min(hi, end)
@@ -102,8 +106,15 @@ class NgramIndex:
                 key = window[top - n :]
                 ends = table.setdefault(key, end)  # most n-grams occur once: an int, a list from the second
                 if ends != end:  # it occurred before (no earlier entry can hold this end)
-                    # a new list, not an append: an adopted table shares its lists with its donor's (adopt)
-                    table[key] = [ends, end] if ends.__class__ is int else ends + [end]
+                    if ends.__class__ is int:
+                        ends = table[key] = [ends, end]
+                        if owned is not None:
+                            owned.add(id(ends))
+                    elif owned is None or id(ends) in owned:
+                        ends.append(end)
+                    else:  # shared with a donor or an adopter (adopt): a copy of its own
+                        ends = table[key] = ends + [end]
+                        owned.add(id(ends))
                 if shared is not None and n >= shared_lo:
                     shared[key] = entry
         self._indexed = max(self._indexed, len(seq))
@@ -122,8 +133,9 @@ class NgramIndex:
         within the tokens seq shares with donor.tokens (a batch's common system prompt or few-shot prefix;
         a retried or continued conversation). The result, and the live table's entries, are what indexing
         seq's first tokens one by one gives (tests compare them): a copy of each table (its lists shared,
-        which _update never changes in place), less the ends past the common prefix, and this index written
-        into the live table as the latest writer of each n-gram it now holds. Returns the positions taken."""
+        which neither index then changes in place), less the ends past the common prefix, and this index
+        written into the live table as the latest writer of each n-gram it now holds. Returns the positions
+        taken."""
         assert not self._indexed and donor.append_only and (donor.min_n, donor.max_n) == (self.min_n, self.max_n)
         limit = min(len(seq), donor._indexed)
         same = common_prefix(seq, donor.tokens, limit)
@@ -131,6 +143,7 @@ class NgramIndex:
         if upto <= self.min_n:
             return 0
         tokens, entries = donor.tokens, [(self, end) for end in range(upto)]
+        donor._owned, self._owned = set(), set()  # their lists are both indexes' from here on
         for n, table in donor._ends.items():
             mine = self._ends[n] = dict(table)
             for end in range(max(upto, n), donor._indexed):  # donor's own text past the common prefix
@@ -141,8 +154,11 @@ class NgramIndex:
                 kept = [e for e in ((ends,) if ends.__class__ is int else ends) if e < upto]
                 if not kept:
                     del mine[key]
+                elif len(kept) == 1:
+                    mine[key] = kept[0]
                 else:
-                    mine[key] = kept[0] if len(kept) == 1 else kept
+                    mine[key] = kept
+                    self._owned.add(id(kept))  # a list of this index's own
             if self.shared is not None and n >= self.shared_min_n:
                 self.shared.update({key: entries[ends if ends.__class__ is int else ends[-1]]
                                     for key, ends in mine.items()})

@@ -56,9 +56,9 @@ OWN_WEAK_MAX_DRAFT = 2
 OWN_PRIOR = 0.45
 CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
 # A new request whose first ADOPT_MIN+ tokens another running request's index already holds (a batch's
-# shared system prompt or few-shot prefix, a conversation continued) starts from a copy of that index
-# (NgramIndex.adopt) instead of indexing them one by one: ~2 us a token, where a cached prompt's prefill
-# step is short, so a GPU step waits for it (docs/benchmarks.md, session 39).
+# shared system prompt or few-shot prefix) starts from a copy of that index (NgramIndex.adopt) instead of
+# indexing them one by one: ~2 us a token, where a cached prompt's prefill step is short, so a GPU step
+# waits for it (docs/benchmarks.md, session 39).
 ADOPT_MIN = 64
 # ... or that a finished request's index holds, while that index is among the latest DONOR_TOKENS tokens of
 # finished requests kept (about 8 table entries a token): a conversation's next turn, an agent's next step
