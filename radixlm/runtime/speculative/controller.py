@@ -121,7 +121,6 @@ class SpecController:
         """Draft tokens per decoding request ([] = a plain decode row); running: every running request
         (decoding or still prefilling), whose text proposals may continue."""
         chosen, ks, copying, strong_only = [], [], [], set()
-        self._settle_clashes(reqs)
         large = len(reqs) >= LARGE_BATCH
         need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
@@ -146,8 +145,10 @@ class SpecController:
                     strong_only.add(req.rid)
         if large and self.cost_aware and not self._may_pay(chosen, ks, len(reqs)):
             chosen = []  # _step_pays would drop every draft: no lookups (on a GPU the host's time is the step's)
-        if not self.observes_after_launch:
-            self.proposer.observe(running if running is not None else reqs)
+        if not self.observes_after_launch:  # (once it does, observe shows the proposer every request first)
+            shown = running if running is not None else reqs
+            self._settle_clashes(shown)
+            self.proposer.observe(shown)
         self._q.clear()
         if not chosen:  # nothing looked up (free text in a large step, mostly): no draft to cut or count
             return [[] for _ in reqs]
