@@ -36,6 +36,10 @@ which the first timed spec-on runs would otherwise pay for.
 draft accepted, as many tokens as the controller's rules ask for): the ceiling of speculation on this
 machine, which the n-gram proposer's steps and rejected tokens are measured against.
 
+--cpu-cuts keeps, on the on side, the draft cuts that price a draft token by its compute on verify steps
+that a CUDA graph pads to 1 + k tokens a row anyway (SpecController.padded_rows = 0: the rules before
+session 40), for an A/B of those steps on a GPU (scripts/gpu_check.sh); on a CPU nothing changes.
+
 --forward-costs times one forward of B rows x (1 + k) tokens (k = 0..8, B = 1, 16) against a 512-token
 context: what a verify row costs on this machine relative to a plain decode row.
 """
@@ -123,6 +127,8 @@ def run_worker(args) -> None:
     with Engine(args.model_path, **_engine_options(args), **_spec_options(args, args.side == "on")) as eng:
         if args.oracle and args.side == "on":
             _install_oracle(eng, args)
+        if args.cpu_cuts and eng.scheduler.spec is not None:
+            eng.scheduler.spec.padded_rows = 0
         for name in args.workloads:
             for batch in args.batches:
                 prompts, params = _prompts(eng.tokenizer, name, batch), _params(args, name)
@@ -142,6 +148,8 @@ def serve_worker(args) -> None:
     with Engine(args.model_path, **_engine_options(args), **_spec_options(args, args.side == "on")) as eng:
         if args.oracle and args.side == "on":
             _install_oracle(eng, args)
+        if args.cpu_cuts and eng.scheduler.spec is not None:
+            eng.scheduler.spec.padded_rows = 0
         if args.warmup:
             for name in args.workloads:
                 for batch in args.batches:
@@ -165,7 +173,7 @@ class OracleProposer:
     def __init__(self, truth: dict[tuple[int, ...], list[int]]):
         self.truth = truth
 
-    def propose(self, reqs, ks, copying, large_batch=False):
+    def propose(self, reqs, ks, copying, large_batch=False, trim=False):
         out = []
         for req, k in zip(reqs, ks):
             done = len(req.output_ids)
@@ -309,7 +317,7 @@ def live(args) -> None:
             _expect_ready(proc)
         print(f"load {os.getloadavg()[0]:.1f}  threads={args.threads}  dtype={args.dtype}  k={args.k}  new={args.new}"
               f"  pairs={args.repeats}  warmup={args.warmup}  min_match={args.ngram_min_match}"
-              f"  batch_cap={args.batch_cap}  (live workers)")
+              f"  batch_cap={args.batch_cap}  cpu_cuts={args.cpu_cuts}  (live workers)")
         print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} "
               f"{'range':>11s} {'accept':>7s} {'tok/fwd':>8s} same", flush=True)
         for name in args.workloads:
@@ -436,6 +444,8 @@ def main() -> None:
                          "(pairs = --repeats)")
     ap.add_argument("--oracle", action="store_true",
                     help="the on side drafts the true greedy continuation (every draft accepted): the ceiling")
+    ap.add_argument("--cpu-cuts", action="store_true",
+                    help="the on side cuts drafts by their compute on padded verify graphs too (module docstring)")
     ap.add_argument("--forward-costs", action="store_true")
     ap.add_argument("--interleaved", action="store_true",
                     help="one process toggling speculation between repeats (pairs = --repeats)")
@@ -467,7 +477,7 @@ def main() -> None:
         loads.append(os.getloadavg()[0])
     print(f"load (1-min, per round): {' '.join(f'{x:.1f}' for x in loads)}  threads={args.threads}  k={args.k}  "
           f"new={args.new}  repeats={args.repeats}  rounds={args.rounds}  min_match={args.ngram_min_match}  "
-          f"batch_cap={args.batch_cap}")
+          f"batch_cap={args.batch_cap}  cpu_cuts={args.cpu_cuts}")
     print(f"{'workload':10s} {'off tok/s':>10s} {'on tok/s':>10s} {'ratio':>6s} {'range':>11s} {'cpu ratio':>9s} "
           f"{'range':>11s} {'accept':>7s} {'tok/fwd':>8s} same")
     for key in rounds[0]["off"]:
@@ -478,7 +488,7 @@ def _worker_cmd(args, side: str, mode: str = "--worker") -> list[str]:
     cmd = [sys.executable, __file__, mode, side, "--repeats", str(args.repeats), "--new", str(args.new),
            *(["--k", str(args.k)] if args.k else []), "--batches", *map(str, args.batches),
            "--workloads", *args.workloads, *(["--warmup"] if args.warmup else []),
-           *(["--oracle"] if args.oracle else []),
+           *(["--oracle"] if args.oracle else []), *(["--cpu-cuts"] if args.cpu_cuts else []),
            "--min-acceptance", str(args.min_acceptance), "--ngram-min-match", str(args.ngram_min_match)]
     if args.batch_cap:
         cmd += ["--batch-cap", str(args.batch_cap)]

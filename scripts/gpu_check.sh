@@ -11,8 +11,10 @@
 #   4. only where the real SmolLM2 is there (RADIXLM_DEFAULT_GGUF names its GGUF, or it is converted in
 #      radixlm's cache): benchmarks/bench_speculative.py, speculation on vs off at batch 1 and 16 (issue 19),
 #      and benchmarks/bench_spec_steps.py, where a 16-row step's time goes on each side (then again with
-#      --host-only: the host's time per step alone, the forward replayed from recorded outputs).
-# Each part has its own timeout (500 s together, plus start-up; the H200 took ~145 s for parts 1-3 and
+#      --host-only: the host's time per step alone, the forward replayed from recorded outputs), and
+#      bench_speculative.py at 16 rows with --cpu-cuts: the draft cuts this machine's padded verify graphs
+#      skip (session 40), kept on: an A/B against the first run's 16-row rows.
+# Each part has its own timeout (560 s together, plus start-up; the H200 took ~145 s for parts 1-3 and
 # ~70 s for part 4's first script); the end-to-end script stops measuring after --budget seconds so that its table still
 # prints. The Engine needs msgspec, pyzmq and platformdirs, which that machine lacks, and the GGUF's
 # conversion gguf: carry their wheels in .whl/ (docs/engine.md, "GPU path"); wheels there are installed first.
@@ -48,6 +50,9 @@ if [ -n "${RADIXLM_DEFAULT_GGUF:-}" ] || [ -f "$cached/models/SmolLM2-135M-Instr
     timeout 60 "$PY" benchmarks/bench_spec_steps.py --workloads code free || status=1
     # the same steps with the forward replayed (--host-only): this machine's host time per step alone
     timeout 60 "$PY" benchmarks/bench_spec_steps.py --host-only --workloads code free || status=1
+    # the draft cuts that price a draft token by its compute, kept on the padded verify graphs (the A/B)
+    timeout 60 "$PY" benchmarks/bench_speculative.py --live --warmup --repeats 2 --batches 16 \
+        --workloads code free --cpu-cuts || status=1
 else
     echo "the real SmolLM2 is not there (RADIXLM_DEFAULT_GGUF unset, not cached): no speculative bench"
 fi

@@ -78,6 +78,10 @@ def test_large_batches_take_shorter_drafts_unless_whole_drafts_were_accepted():
     assert ctl.propose(reqs) == [full] + [full[:LARGE_BATCH_MAX_DRAFT]] * (LARGE_BATCH - 1)
     ctl._state["r0"].update(4, 3, 8, 0.25)  # cut: back to the short drafts
     assert ctl.propose(reqs)[0] == full[:LARGE_BATCH_MAX_DRAFT]
+    # A verify step padded to 1 + k tokens a row (CUDA's verify graphs) computes the padding anyway: no cap
+    ctl.padded_rows = LARGE_BATCH
+    assert ctl.propose(reqs) == [full] * LARGE_BATCH
+    assert ctl.propose(reqs + [_req("x", REPEAT)])[0] == full[:LARGE_BATCH_MAX_DRAFT]  # past the graphs' rows
 
 
 def test_default_draft_length_per_algorithm():
@@ -126,7 +130,7 @@ def test_a_lone_unlikely_request_asks_no_draft_model():
         def observe(self, reqs):
             pass
 
-        def propose(self, reqs, ks, copying, large_batch=False):
+        def propose(self, reqs, ks, copying, large_batch=False, trim=False):
             self.asked += 1
             return [([9, 8], 0, None) for _ in reqs]
 
@@ -151,7 +155,7 @@ class _Counting:
     def observe(self, reqs):
         self.observed += 1
 
-    def propose(self, reqs, ks, copying, large_batch=False):
+    def propose(self, reqs, ks, copying, large_batch=False, trim=False):
         self.asked.append([r.rid for r in reqs])
         return [([9, 8], 8, None) if r.rid in self.finds else ([], 0, None) for r in reqs]
 
@@ -198,6 +202,17 @@ def test_dry_lookups_back_off_in_large_steps_and_resume():
     small = reqs[:2]  # below LARGE_BATCH nothing is skipped
     ctl.propose(small)
     assert proposer.asked[-1] == ["hit", "dry0"]
+
+
+def test_a_pause_counts_down_while_the_lookups_are_skipped():
+    ctl, _ = _counting_controller()
+    reqs = [_req(f"r{i}", REPEAT) for i in range(LARGE_BATCH)]
+    ctl.propose(reqs)
+    state = ctl._state["r0"]
+    state.cooldown, state.skip = 3, 5  # paused, and dry: its lookups skipped for 5 steps
+    for _ in range(3):
+        ctl.propose(reqs)
+    assert state.cooldown == 0 and state.skip == 2  # both counted every step
 
 
 def test_the_skip_doubles_while_lookups_stay_dry():
@@ -289,3 +304,18 @@ def test_a_reused_rid_settles_its_finished_namesake_first():
     ctl.settle()
     assert [e[1] for e in log if e[0] == "finish"] == ["x", "f0", "x", "f1", "f2", "x"]
     ctl.check_integrity(idle=True)
+
+
+def test_the_controller_learns_which_steps_verify_on_padded_graphs():
+    from types import SimpleNamespace
+
+    from radixlm.runtime.config import EngineConfig
+    from radixlm.runtime.speculative.setup import build_speculation
+
+    config = EngineConfig.from_options(speculative_algorithm="NGRAM")
+    cpu = SimpleNamespace(model=SimpleNamespace(decode_stack=object()))  # the CPU's one-call decode, no graphs
+    ctl = build_speculation(config, cpu, context_len=1024)
+    assert ctl.padded_rows == 0 and ctl.one_call_decode
+    gpu = SimpleNamespace(model=SimpleNamespace(), verify_graphs=SimpleNamespace(max_bs=48))
+    ctl = build_speculation(config, gpu, context_len=1024)
+    assert ctl.padded_rows == 48 and not ctl.one_call_decode

@@ -62,6 +62,13 @@ LARGE_BATCH = 8
 # 1.45x -> 1.55x, chat 1.49x -> 1.65x; docs/benchmarks.md).
 LARGE_BATCH_MAX_DRAFT = 4
 LARGE_BATCH_STREAK = 2
+# Where a step's verify forward pads every row to 1 + speculative_num_draft_tokens tokens (CUDA's verify graphs,
+# model/verify_graph.py: `padded_rows`), the padding is computed whatever the drafts' lengths, so the cuts
+# that price a draft token by its compute (the cap above, and the proposer's `trim`: ngram_proposer's
+# OWN_WEAK_MAX_DRAFT and agreement cut) would only lose accepted tokens there. The rules that decide whether
+# a large step verifies at all stay: a verify step still costs the host, and the device a little more than a
+# decode step (docs/benchmarks.md, session 40: replayed at 16 rows, code 77 -> 72 steps, json 15 -> 13,
+# chat 10 -> 7; free text the same 128 steps).
 # Where a lone decoding row steps through the model in one call (the CPU's cpu_ops.decode_stack: the GEMV and
 # the bf16-read argmax head), a verify row of 1 + k tokens takes the module path: ~1.3-1.5x that step
 # with 1-3 draft tokens (the tiled GEMV's few rows), 1.5-2x with more (oneDNN's GEMMs; docs/benchmarks.md,
@@ -81,12 +88,13 @@ SETTLE_SPREAD = 16
 class Proposer(Protocol):
     cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
 
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
-                ) -> list[tuple[list[int], int, torch.Tensor | None]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False,
+                trim: bool = False) -> list[tuple[list[int], int, torch.Tensor | None]]:
         """Per request (draft tokens, suffix match length (0 where not an n-gram), the distributions [k, V]
         the tokens were sampled from, or None for deterministic proposals); copying: whether the request's
         drafts are being accepted (an n-gram proposer then accepts a shorter match); large_batch: the step
-        has LARGE_BATCH+ decoding rows (an n-gram proposer then wants a longer match from the others)."""
+        has LARGE_BATCH+ decoding rows (an n-gram proposer then wants a longer match from the others); trim:
+        each draft token costs the step's forward its compute (large, not a padded graph: cut weak drafts)."""
 
     def observe(self, reqs: list[Req]) -> None:
         """The running requests' tokens so far (after a step's launch, or before proposals without one)."""
@@ -103,12 +111,13 @@ class Proposer(Protocol):
 
 class SpecController:
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, context_len: int,
-                 stop_cut: StopCut | None = None, one_call_decode: bool = False):
+                 stop_cut: StopCut | None = None, one_call_decode: bool = False, padded_rows: int = 0):
         self.config = config
         self.proposer = proposer
         self.context_len = context_len
         self.stop_cut = stop_cut  # None: drafts are not cut at the request's stops
         self.one_call_decode = one_call_decode  # a lone decode row runs the model in one call (ONE_ROW_CHANCE)
+        self.padded_rows = padded_rows  # steps of up to this many rows verify on padded rows (a CUDA graph)
         self.max_k = config.max_draft
         self.cost_aware = COST_AWARE
         self.stats = SpecStats()
@@ -122,13 +131,17 @@ class SpecController:
         (decoding or still prefilling), whose text proposals may continue."""
         chosen, ks, copying, strong_only = [], [], [], set()
         large = len(reqs) >= LARGE_BATCH
+        trim = large and len(reqs) > self.padded_rows  # its draft tokens cost compute: cut the weak ones
         need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
-            k, active = self._budget(req)
-            state = self._state[req.rid]
+            state = self._state.get(req.rid)
+            if state is None:
+                state = self._state[req.rid] = AdaptiveState(self.max_k)
             if large and state.dry():
+                state.wants_proposal()  # a pause counts down in the steps its lookups skip as well
                 continue  # its lookups have found nothing for a while (adaptive.DRY_LOOKUPS)
-            if large and state.streak < LARGE_BATCH_STREAK:
+            k, active = self._budget(req, state)
+            if trim and state.streak < LARGE_BATCH_STREAK:
                 k = min(k, LARGE_BATCH_MAX_DRAFT)
             if state.first_chance() < need:
                 continue  # unlikely to be accepted at all: its verify tokens would cost more than they save
@@ -152,7 +165,7 @@ class SpecController:
         self._q.clear()
         if not chosen:  # nothing looked up (free text in a large step, mostly): no draft to cut or count
             return [[] for _ in reqs]
-        proposals = self.proposer.propose(chosen, ks, copying, large)
+        proposals = self.proposer.propose(chosen, ks, copying, large, trim)
         drafts = dict(zip((r.rid for r in chosen), proposals))
         out = []
         for req in reqs:
@@ -217,11 +230,8 @@ class SpecController:
         """The distributions [k, V] req's draft of this step was sampled from (None: deterministic)."""
         return self._q.pop(req.rid, None)
 
-    def _budget(self, req: Req) -> tuple[int, bool]:
+    def _budget(self, req: Req, state: AdaptiveState) -> tuple[int, bool]:
         """(draft length, whether speculation is active: not paused by the adaptive state)."""
-        state = self._state.get(req.rid)
-        if state is None:
-            state = self._state[req.rid] = AdaptiveState(self.max_k)
         active = state.wants_proposal()
         # One token after the draft is always sampled: keep draft + 1 within max_new_tokens and the context.
         room = min(req.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len()) - 1

@@ -60,8 +60,8 @@ class DraftModelProposer:
         self._shadows: dict[str, Shadow] = {}
 
     # ---- proposals --------------------------------------------------------------------------------
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool] | None = None, large_batch: bool = False
-                ) -> list[tuple[list[int], int, torch.Tensor | None]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool] | None = None, large_batch: bool = False,
+                trim: bool = False) -> list[tuple[list[int], int, torch.Tensor | None]]:
         drafts: list[list[int]] = [[] for _ in reqs]
         qs: list[list[torch.Tensor]] = [[] for _ in reqs]
         live = [i for i, req in enumerate(reqs) if self._sync(req)]

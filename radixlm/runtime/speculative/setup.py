@@ -25,4 +25,6 @@ def build_speculation(config: EngineConfig, runner, context_len: int, tokenizer=
     else:
         raise ValueError(f"unknown speculative_algorithm {spec.speculative_algorithm!r}")
     one_call = getattr(getattr(runner, "model", None), "decode_stack", None) is not None
-    return SpecController(spec, proposer, context_len, StopCut(eos_token_ids, text_of), one_call)
+    graphs = getattr(runner, "verify_graphs", None)  # captured before this is built (builder.py)
+    padded = graphs.max_bs if graphs is not None else 0
+    return SpecController(spec, proposer, context_len, StopCut(eos_token_ids, text_of), one_call, padded)
