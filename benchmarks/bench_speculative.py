@@ -173,12 +173,12 @@ class OracleProposer:
     def __init__(self, truth: dict[tuple[int, ...], list[int]]):
         self.truth = truth
 
-    def propose(self, reqs, ks, copying, large_batch=False, trim=False):
+    def propose(self, reqs, ks, copying, large_batch=False):
         out = []
         for req, k in zip(reqs, ks):
             done = len(req.output_ids)
             tokens = self.truth.get(tuple(req.input_ids), [])[done: done + k]
-            out.append((list(tokens), len(req.input_ids) + done, None))  # a match longer than any rule asks
+            out.append((list(tokens), len(req.input_ids) + done, None, len(tokens)))  # a match longer than any rule asks
         return out
 
     def observe(self, reqs) -> None: ...

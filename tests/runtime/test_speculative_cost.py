@@ -10,7 +10,7 @@ from radixlm.runtime.speculative.adaptive import DRY_LOOKUPS, DRY_SKIP, FIRST_PR
 from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
                                                     ONE_ROW_CHANCE, SETTLE_SPREAD, SETTLE_TOKENS, SpecController)
 from radixlm.runtime.speculative.cost import min_chance, min_expected
-from radixlm.runtime.speculative.ngram_proposer import NgramProposer
+from radixlm.runtime.speculative.ngram_proposer import OWN_WEAK_MAX_DRAFT, NgramProposer
 
 from tests.runtime.test_speculative_verify import _req
 
@@ -33,6 +33,12 @@ def test_first_chance_follows_the_requests_first_tokens():
     assert low < min_chance(16)
     state.update(4, 1, 4, 0.0)  # accepted (one token is enough: it is the first token's chance)
     assert state.first_chance() > low
+
+
+def _seen(ctl, reqs, chance=FIRST_PRIOR):
+    """Give reqs a verified draft each (no longer explored: controller.EXPLORE), first-token chance `chance`."""
+    for req in reqs:
+        ctl._state[req.rid] = AdaptiveState(ctl.max_k, first_hits=2 * chance - FIRST_PRIOR, first_tries=1.0)
 
 
 def _controller(k=None, one_call_decode=True):
@@ -84,6 +90,47 @@ def test_large_batches_take_shorter_drafts_unless_whole_drafts_were_accepted():
     assert ctl.propose(reqs + [_req("x", REPEAT)])[0] == full[:LARGE_BATCH_MAX_DRAFT]  # past the graphs' rows
 
 
+def test_a_padded_step_decides_on_the_cut_drafts_and_verifies_whole_ones():
+    ctl = _controller()
+    ctl.padded_rows = 17  # a step of up to 17 rows replays a padded graph
+    full = [9, 8, 7, 6, 15, 14, 13, 12]
+    other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(10)]  # nothing to propose
+    drafting = [_req(f"r{i}", REPEAT) for i in range(7)]
+    _seen(ctl, drafting)
+    # 7 requests (chance 0.5) x 4 cut tokens reach what 17 rows ask: whole drafts are verified
+    assert 7 * 0.5 * LARGE_BATCH_MAX_DRAFT >= min_expected(17)
+    assert ctl.propose(other + drafting)[10:] == [full] * 7
+    # 6 do not, though their whole drafts would: no draft, as where the cuts apply
+    assert 6 * 0.5 * LARGE_BATCH_MAX_DRAFT < min_expected(16) <= 6 * 0.5 * len(full)
+    assert ctl.propose(other + drafting[:6]) == [[]] * 16
+    ctl.padded_rows = 0
+    assert ctl.propose(other + drafting)[10:] == [full[:LARGE_BATCH_MAX_DRAFT]] * 7
+
+
+def test_a_padded_step_still_caps_a_draft_model_whose_tokens_cost_forwards():
+    class Recording:
+        cheap = False  # a draft model: each draft token is a forward of its own
+
+        def __init__(self):
+            self.ks = []
+
+        def observe(self, reqs):
+            pass
+
+        def propose(self, reqs, ks, copying, large_batch=False):
+            self.ks.append(list(ks))
+            return [([1] * k, 0, None, k) for k in ks]
+
+    config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8)
+    proposer = Recording()
+    ctl = SpecController(config, proposer, context_len=1024, padded_rows=64)
+    ctl.propose([_req(f"r{i}", REPEAT) for i in range(LARGE_BATCH)])
+    assert proposer.ks == [[LARGE_BATCH_MAX_DRAFT] * LARGE_BATCH]
+    proposer.cheap = True  # an n-gram's lookup costs no forward: the padded step asks for whole drafts
+    ctl.propose([_req(f"r{i}", REPEAT) for i in range(LARGE_BATCH)])
+    assert proposer.ks[-1] == [8] * LARGE_BATCH
+
+
 def test_default_draft_length_per_algorithm():
     assert SpeculativeConfig(speculative_algorithm="NGRAM").max_draft == 8
     assert SpeculativeConfig(speculative_algorithm="STANDALONE", speculative_draft_model_path="/d").max_draft == 4
@@ -96,11 +143,34 @@ def test_a_lone_unlikely_draft_does_not_pay_for_a_large_step():
     lone = _req("r", REPEAT)
     full = [9, 8, 7, 6, 15, 14, 13, 12]
     assert 0.5 * LARGE_BATCH_MAX_DRAFT < min_expected(16)
-    assert ctl.propose(other + [lone])[-1] == []  # a fresh request (chance 0.5) alone: 2 expected tokens
+    _seen(ctl, other + [lone])
+    assert ctl.propose(other + [lone])[-1] == []  # a request (chance 0.5) alone: 2 expected tokens
     for _ in range(3):
         ctl._state["r"].update(4, 4, 8, 0.25)  # accepted whole: a streak, and a chance past 0.8
     assert ctl.propose(other + [lone])[-1] == full  # a request on a streak keeps its draft
     assert ctl.propose([_req("s", REPEAT)]) == [full]  # a small step: no rule
+
+
+def test_a_large_step_verifies_the_drafts_of_requests_never_verified_once():
+    """Own-text copies at 8 rows: each draft is cut to OWN_WEAK_MAX_DRAFT tokens until one is accepted whole,
+    and 8 of those at the prior chance do not pay for the step. Without a first verification neither could
+    change (code and chat at 8-11 rows never speculated); a request none of whose drafts has been verified
+    keeps its draft once."""
+    config = SpeculativeConfig(speculative_algorithm="NGRAM")
+    ctl = SpecController(config, NgramProposer(config), context_len=1024, one_call_decode=True)
+    reqs = [_req(f"r{i}", REPEAT) for i in range(LARGE_BATCH)]
+    assert LARGE_BATCH * FIRST_PRIOR * OWN_WEAK_MAX_DRAFT < min_expected(LARGE_BATCH)
+    drafts = ctl.propose(reqs)
+    assert drafts == [[9, 8]] * LARGE_BATCH  # the weak cut, verified: nothing is known of them yet
+    for req in reqs:
+        ctl.on_verified(req, 2, 2, 3)  # accepted whole
+    assert ctl.propose(reqs) == [[9, 8, 7, 6]] * LARGE_BATCH  # above the own-text bar: 4 tokens, and they pay
+    for req in reqs:
+        ctl.on_verified(req, 4, 0, 1)  # rejected: the chance falls (0.75 -> 0.42) ...
+    assert all(d == [] for d in ctl.propose(reqs))  # ... and, already verified, they are not explored again
+    for req in reqs:
+        ctl.on_finish(req)
+    ctl.check_integrity(idle=True)
 
 
 def test_a_large_step_that_does_not_pay_keeps_only_the_streaks_drafts():
@@ -109,6 +179,7 @@ def test_a_large_step_that_does_not_pay_keeps_only_the_streaks_drafts():
     other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(13)]
     copier = _req("c", REPEAT)
     reqs = fresh + other + [copier]
+    _seen(ctl, reqs)
     assert 2 * 0.5 * LARGE_BATCH_MAX_DRAFT + 8 * 0.8 < min_expected(16)
     assert all(d == [] for d in ctl.propose(reqs))
     for _ in range(LARGE_BATCH_STREAK + 1):
@@ -130,9 +201,9 @@ def test_a_lone_unlikely_request_asks_no_draft_model():
         def observe(self, reqs):
             pass
 
-        def propose(self, reqs, ks, copying, large_batch=False, trim=False):
+        def propose(self, reqs, ks, copying, large_batch=False):
             self.asked += 1
-            return [([9, 8], 0, None) for _ in reqs]
+            return [([9, 8], 0, None, 2) for _ in reqs]
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     proposer = Counting()
@@ -155,9 +226,9 @@ class _Counting:
     def observe(self, reqs):
         self.observed += 1
 
-    def propose(self, reqs, ks, copying, large_batch=False, trim=False):
+    def propose(self, reqs, ks, copying, large_batch=False):
         self.asked.append([r.rid for r in reqs])
-        return [([9, 8], 8, None) if r.rid in self.finds else ([], 0, None) for r in reqs]
+        return [([9, 8], 8, None, 2) if r.rid in self.finds else ([], 0, None, 0) for r in reqs]
 
     def on_verified(self, req, proposed, accepted):
         pass

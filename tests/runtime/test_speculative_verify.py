@@ -560,6 +560,12 @@ def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
         c.check_integrity(idle=True)
 
 
+def _kept(proposals):
+    """The first proposal's tokens that a step pricing each draft token keeps (its fourth field)."""
+    tokens, _, _, keep = proposals[0]
+    return tokens[:keep]
+
+
 def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.speculative import ngram_proposer as C
@@ -570,18 +576,18 @@ def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
     req = _req("a", list(range(1, 13)) + [1, 2, 3, 4, 5])
     whole = [6, 7, 8, 9, 10, 11]
     assert C.OWN_PRIOR < C.OWN_WEAK_ACCEPTANCE  # no record yet: capped (own text is often a different format)
-    assert prop.propose([req], [6], [False], large_batch=True, trim=True)[0][0] == whole[: C.OWN_WEAK_MAX_DRAFT]
-    assert prop.propose([req], [6], [False], large_batch=False)[0][0] == whole  # a small batch: never capped
-    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole  # a padded verify step: not trimmed
-    prop.propose([req], [6], [False], large_batch=True, trim=True)
+    assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole[: C.OWN_WEAK_MAX_DRAFT]
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole  # what a padded step verifies
+    assert prop.propose([req], [6], [False], large_batch=False)[0] == (whole, 5, None, 6)  # a small batch: no cap
+    prop.propose([req], [6], [False], large_batch=True)
     prop.on_verified(req, 2, 2)  # accepted whole: above the bar
-    assert prop.propose([req], [6], [False], large_batch=True, trim=True)[0][0] == whole
+    assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole
     for _ in range(2):  # two drafts rejected: the average falls below the bar again
-        prop.propose([req], [6], [False], large_batch=True, trim=True)
+        prop.propose([req], [6], [False], large_batch=True)
         prop.on_verified(req, 6, 0)
-    assert prop.propose([req], [6], [False], large_batch=True, trim=True)[0][0] == []  # and the copy ended at 6 twice
+    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == []  # and the copy ended at 6 twice
     del prop._breaks["a"]  # forget where (test_speculative_copy_breaks.py): the cap alone
-    assert prop.propose([req], [6], [False], large_batch=True, trim=True)[0][0] == whole[: C.OWN_WEAK_MAX_DRAFT]
+    assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole[: C.OWN_WEAK_MAX_DRAFT]
     prop.on_finish(req)
     prop.check_integrity(idle=True)
 
@@ -610,12 +616,11 @@ def test_own_text_drafts_stop_where_the_text_is_ambiguous_at_a_large_batch():
     shot = [20, 21, 6, 7, 8, 40, 41, 30, 31, 32, 6, 7, 8, 50, 51]
     record = [20, 21, 5, 7, 8, 40, 41, 42]
     req = _req("a", shot + record + [30, 31, 32, 5, 7, 8])
-    tokens, match, _ = prop.propose([req], [6], [True], large_batch=True, trim=True)[0]
+    tokens, match, _, keep = prop.propose([req], [6], [True], large_batch=True)[0]
     whole = prop.propose([req], [6], [True], large_batch=False)[0][0]
     assert whole[:3] == [40, 41, 42] and match == 3  # a small batch: the record's text, after [5, 7, 8]
     # The context [7, 8] went on [50, ...] in the few-shot answer: the draft stops there (at once), but
-    # keeps OWN_AGREE_MIN tokens
-    assert tokens == whole[: C.OWN_AGREE_MIN]
-    assert prop.propose([req], [6], [True], large_batch=True)[0][0] == whole  # a padded verify step: not cut
+    # keeps OWN_AGREE_MIN tokens; the whole draft is what a padded verify step verifies
+    assert keep == C.OWN_AGREE_MIN and tokens == whole
     prop.on_finish(req)
     prop.check_integrity(idle=True)

@@ -62,13 +62,15 @@ LARGE_BATCH = 8
 # 1.45x -> 1.55x, chat 1.49x -> 1.65x; docs/benchmarks.md).
 LARGE_BATCH_MAX_DRAFT = 4
 LARGE_BATCH_STREAK = 2
-# Where a step's verify forward pads every row to 1 + speculative_num_draft_tokens tokens (CUDA's verify graphs,
-# model/verify_graph.py: `padded_rows`), the padding is computed whatever the drafts' lengths, so the cuts
-# that price a draft token by its compute (the cap above, and the proposer's `trim`: ngram_proposer's
-# OWN_WEAK_MAX_DRAFT and agreement cut) would only lose accepted tokens there. The rules that decide whether
-# a large step verifies at all stay: a verify step still costs the host, and the device a little more than a
-# decode step (docs/benchmarks.md, session 40: replayed at 16 rows, code 77 -> 72 steps, json 15 -> 13,
-# chat 10 -> 7; free text the same 128 steps).
+# PADDED: where a step's verify forward pads every row to 1 + speculative_num_draft_tokens tokens (CUDA's verify
+# graphs, model/verify_graph.py: up to `padded_rows` rows), the padding is computed whatever the drafts' lengths,
+# so the cuts that price a draft token by its compute (the cap above, and the proposer's: the fourth field of a
+# proposal, ngram_proposer's OWN_WEAK_MAX_DRAFT and agreement cut) would only lose accepted tokens there: such a
+# step verifies whole drafts. Whether it verifies at all is still decided on the cut drafts, as where the cuts
+# apply: a verify step costs the host more, and the device a little more than a decode step (docs/benchmarks.md,
+# session 40: replayed at 16 rows, code 77 -> 75 steps, json 15 -> 13, chat 10 -> 7, free text the same 128 steps
+# and 12 verify rows; deciding on the whole drafts took code to 72 but had free text verify 163 draft tokens in 9
+# steps and saved none: more host time for nothing).
 # Where a lone decoding row steps through the model in one call (the CPU's cpu_ops.decode_stack: the GEMV and
 # the bf16-read argmax head), a verify row of 1 + k tokens takes the module path: ~1.3-1.5x that step
 # with 1-3 draft tokens (the tiled GEMV's few rows), 1.5-2x with more (oneDNN's GEMMs; docs/benchmarks.md,
@@ -76,6 +78,13 @@ LARGE_BATCH_STREAK = 2
 # while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
 ONE_ROW_CHANCE = 0.35
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
+# EXPLORE: in a large step whose drafts do not pay (_step_pays), a request none of whose drafts has been
+# verified keeps its draft too. Its chance is the prior's and an own-text draft is cut to
+# ngram_proposer.OWN_WEAK_MAX_DRAFT tokens until one is accepted whole; at 8-11 rows that never paid
+# (8 x 0.5 x 2 tokens against min_expected(8) = 10.7), so neither estimate could change: code and chat
+# at 8-11 rows never speculated (code at 8 rows 128 -> 75 steps, chat 46 -> 10; 12+ rows unchanged; free
+# text verifies 12-36 draft tokens a run; docs/benchmarks.md, session 40).
+EXPLORE = True
 # A request finished in a step leaves the proposer (its text out of the live table and into the corpus, a few
 # us a token of prompt + output on the CPU) after the next launch, where a GPU's step hides it; but a step
 # settles at most SETTLE_TOKENS of such text, or 1/SETTLE_SPREAD of the backlog where that is more: code at
@@ -88,13 +97,14 @@ SETTLE_SPREAD = 16
 class Proposer(Protocol):
     cheap: bool  # True: proposing costs no forward (asked even while paused, for strong matches only)
 
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False,
-                trim: bool = False) -> list[tuple[list[int], int, torch.Tensor | None]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
+                ) -> list[tuple[list[int], int, torch.Tensor | None, int]]:
         """Per request (draft tokens, suffix match length (0 where not an n-gram), the distributions [k, V]
-        the tokens were sampled from, or None for deterministic proposals); copying: whether the request's
-        drafts are being accepted (an n-gram proposer then accepts a shorter match); large_batch: the step
-        has LARGE_BATCH+ decoding rows (an n-gram proposer then wants a longer match from the others); trim:
-        each draft token costs the step's forward its compute (large, not a padded graph: cut weak drafts)."""
+        the tokens were sampled from, or None for deterministic proposals, how many of the tokens to keep
+        where each costs the step's forward its compute); copying: whether the request's drafts are being
+        accepted (an n-gram proposer then accepts a shorter match); large_batch: the step has LARGE_BATCH+
+        decoding rows (an n-gram proposer then wants a longer match from the others, and keeps fewer of a
+        weak draft's tokens)."""
 
     def observe(self, reqs: list[Req]) -> None:
         """The running requests' tokens so far (after a step's launch, or before proposals without one)."""
@@ -117,7 +127,7 @@ class SpecController:
         self.context_len = context_len
         self.stop_cut = stop_cut  # None: drafts are not cut at the request's stops
         self.one_call_decode = one_call_decode  # a lone decode row runs the model in one call (ONE_ROW_CHANCE)
-        self.padded_rows = padded_rows  # steps of up to this many rows verify on padded rows (a CUDA graph)
+        self.padded_rows = padded_rows  # steps of up to this many rows verify on padded rows (PADDED)
         self.max_k = config.max_draft
         self.cost_aware = COST_AWARE
         self.stats = SpecStats()
@@ -129,9 +139,54 @@ class SpecController:
     def propose(self, reqs: list[Req], running: list[Req] | None = None) -> list[list[int]]:
         """Draft tokens per decoding request ([] = a plain decode row); running: every running request
         (decoding or still prefilling), whose text proposals may continue."""
-        chosen, ks, copying, strong_only = [], [], [], set()
         large = len(reqs) >= LARGE_BATCH
-        trim = large and len(reqs) > self.padded_rows  # its draft tokens cost compute: cut the weak ones
+        # PADDED: the drafts' lengths cost this step's forward nothing (an n-gram's cost no forward either)
+        padded = large and len(reqs) <= self.padded_rows and self.proposer.cheap
+        chosen, ks, priced_ks, copying, strong_only = self._choose(reqs, large, padded)
+        if large and self.cost_aware and not self._may_pay(chosen, priced_ks, len(reqs)):
+            chosen = []  # _step_pays would drop every draft: no lookups (on a GPU the host's time is the step's)
+        if not self.observes_after_launch:  # (once it does, observe shows the proposer every request first)
+            shown = running if running is not None else reqs
+            self._settle_clashes(shown)
+            self.proposer.observe(shown)
+        self._q.clear()
+        if not chosen:  # nothing looked up (free text in a large step, mostly): no draft to cut or count
+            return [[] for _ in reqs]
+        proposals = self.proposer.propose(chosen, ks, copying, large)
+        drafts = dict(zip((r.rid for r in chosen), proposals))
+        caps = dict(zip((r.rid for r in chosen), priced_ks))
+        out, priced = [], []  # priced: what the cuts for a draft token's compute keep of each draft
+        for req in reqs:
+            draft, match, _, keep = drafts.get(req.rid, ([], 0, None, 0))
+            if req.rid in strong_only and match < STRONG_MATCH:
+                draft = []
+            if not padded:
+                draft = draft[:keep]
+            if draft and req.grammar is not None:
+                draft = _grammar_prefix(req.grammar, draft)
+            if draft and self.stop_cut is not None:
+                draft = self.stop_cut.cut(req, draft)
+            out.append(draft)
+            priced.append(draft[: min(keep, caps.get(req.rid, 0))])
+        if large and self.cost_aware and not self._step_pays(reqs, priced):
+            out = [d if self._keeps(self._state[r.rid]) else [] for r, d in zip(reqs, out)]
+        if self.config.speculative_max_batch_draft_tokens is not None:
+            out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
+        if large:  # a lookup whose draft is dropped (paused, not paying) was as dry as one that found nothing
+            for req, draft in zip(reqs, out):
+                if req.rid in drafts:
+                    self._state[req.rid].looked_up(bool(draft))
+        for req, draft in zip(reqs, out):
+            q = drafts.get(req.rid, (None, None, None, 0))[2]
+            if draft and q is not None:
+                self._q[req.rid] = q[: len(draft)]
+        return out
+
+    def _choose(self, reqs: list[Req], large: bool, padded: bool
+                ) -> tuple[list[Req], list[int], list[int], list[bool], set[str]]:
+        """The requests to look up: (them, their draft lengths, the lengths a step that prices draft tokens
+        allows (LARGE_BATCH_MAX_DRAFT), whether each is copying, the rids that keep only strong matches)."""
+        chosen, ks, priced_ks, copying, strong_only = [], [], [], [], set()
         need = min_chance(len(reqs)) if self.cost_aware else 0.0
         for req in reqs:
             state = self._state.get(req.rid)
@@ -141,8 +196,7 @@ class SpecController:
                 state.wants_proposal()  # a pause counts down in the steps its lookups skip as well
                 continue  # its lookups have found nothing for a while (adaptive.DRY_LOOKUPS)
             k, active = self._budget(req, state)
-            if trim and state.streak < LARGE_BATCH_STREAK:
-                k = min(k, LARGE_BATCH_MAX_DRAFT)
+            priced_k = min(k, LARGE_BATCH_MAX_DRAFT) if large and state.streak < LARGE_BATCH_STREAK else k
             if state.first_chance() < need:
                 continue  # unlikely to be accepted at all: its verify tokens would cost more than they save
             unlikely = (len(reqs) == 1 and self.one_call_decode and self.cost_aware
@@ -151,46 +205,13 @@ class SpecController:
                 continue  # a draft model's proposal costs forwards, and only a strong n-gram match would stay
             if k > 0 and (active or self.proposer.cheap):
                 chosen.append(req)
-                ks.append(k)
+                ks.append(k if padded else priced_k)
+                priced_ks.append(priced_k)
                 copying.append(active and req.num_spec_accepted > 0 and state.acceptance >= COPYING_ACCEPTANCE
                                and not (large and state.missed))
                 if not active or unlikely:  # paused, or alone and unlikely: only a strong match is kept
                     strong_only.add(req.rid)
-        if large and self.cost_aware and not self._may_pay(chosen, ks, len(reqs)):
-            chosen = []  # _step_pays would drop every draft: no lookups (on a GPU the host's time is the step's)
-        if not self.observes_after_launch:  # (once it does, observe shows the proposer every request first)
-            shown = running if running is not None else reqs
-            self._settle_clashes(shown)
-            self.proposer.observe(shown)
-        self._q.clear()
-        if not chosen:  # nothing looked up (free text in a large step, mostly): no draft to cut or count
-            return [[] for _ in reqs]
-        proposals = self.proposer.propose(chosen, ks, copying, large, trim)
-        drafts = dict(zip((r.rid for r in chosen), proposals))
-        out = []
-        for req in reqs:
-            draft, match, _ = drafts.get(req.rid, ([], 0, None))
-            if req.rid in strong_only and match < STRONG_MATCH:
-                draft = []
-            if draft and req.grammar is not None:
-                draft = _grammar_prefix(req.grammar, draft)
-            if draft and self.stop_cut is not None:
-                draft = self.stop_cut.cut(req, draft)
-            out.append(draft)
-        if large and self.cost_aware and not self._step_pays(reqs, out):
-            # Only requests on a streak (copying: their last drafts were accepted whole) keep theirs.
-            out = [d if self._state[r.rid].streak >= LARGE_BATCH_STREAK else [] for r, d in zip(reqs, out)]
-        if self.config.speculative_max_batch_draft_tokens is not None:
-            out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
-        if large:  # a lookup whose draft is dropped (paused, not paying) was as dry as one that found nothing
-            for req, draft in zip(reqs, out):
-                if req.rid in drafts:
-                    self._state[req.rid].looked_up(bool(draft))
-        for req, draft in zip(reqs, out):
-            q = drafts.get(req.rid, (None, None, None))[2]
-            if draft and q is not None:
-                self._q[req.rid] = q[: len(draft)]
-        return out
+        return chosen, ks, priced_ks, copying, strong_only
 
     def observe(self, running: list[Req]) -> None:
         """Index the running requests' text while the device runs the step just launched (the scheduler
@@ -202,11 +223,18 @@ class SpecController:
         self.settle(budget=True)
         self.proposer.observe(running)
 
+    @staticmethod
+    def _keeps(state: AdaptiveState) -> bool:
+        """Whether a request keeps its draft in a large step whose drafts do not pay (_step_pays): one on a
+        streak (copying: its last drafts were accepted whole), and one none of whose drafts has been
+        verified yet (EXPLORE)."""
+        return state.streak >= LARGE_BATCH_STREAK or (EXPLORE and state.first_tries == 0)
+
     def _may_pay(self, chosen: list[Req], ks: list[int], rows: int) -> bool:
-        """Whether any draft could survive _step_pays: a request on a streak keeps its draft, and the others'
+        """Whether any draft could survive _step_pays: a request that _keeps keeps its draft, and the others'
         drafts can expect at most first_chance * k accepted tokens each."""
         states = [self._state[r.rid] for r in chosen]
-        return (any(s.streak >= LARGE_BATCH_STREAK for s in states)
+        return (any(self._keeps(s) for s in states)
                 or sum(s.first_chance() * k for s, k in zip(states, ks)) >= min_expected(rows))
 
     def _step_pays(self, reqs: list[Req], drafts: list[list[int]]) -> bool:

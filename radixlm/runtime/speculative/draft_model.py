@@ -60,8 +60,8 @@ class DraftModelProposer:
         self._shadows: dict[str, Shadow] = {}
 
     # ---- proposals --------------------------------------------------------------------------------
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool] | None = None, large_batch: bool = False,
-                trim: bool = False) -> list[tuple[list[int], int, torch.Tensor | None]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool] | None = None, large_batch: bool = False
+                ) -> list[tuple[list[int], int, torch.Tensor | None, int]]:
         drafts: list[list[int]] = [[] for _ in reqs]
         qs: list[list[torch.Tensor]] = [[] for _ in reqs]
         live = [i for i, req in enumerate(reqs) if self._sync(req)]
@@ -86,7 +86,7 @@ class DraftModelProposer:
             if shadow is not None:
                 shadow.kv_ids = shadow.req.full_ids()[: shadow.req.kv_len]
                 shadow.req.output_ids = req.output_ids[:]  # the drafts are not part of the sequence
-        return [(draft, 0, torch.stack(q) if q else None) for draft, q in zip(drafts, qs)]
+        return [(draft, 0, torch.stack(q) if q else None, len(draft)) for draft, q in zip(drafts, qs)]
 
     def _rows(self, reqs: list[Req], live: list[int], drafts: list[list[int]], step: int) -> list[PlannedRow | None]:
         rows: list[PlannedRow | None] = []

@@ -31,9 +31,9 @@ TEXT_MIN_CHARS = 1
 # source goes on ('hana.7@example.com' + '. City: ...' in a record, '",' in the JSON answer), and a text
 # lookup's short character match is often the wrong occurrence (json at 16 rows, docs/benchmarks.md
 # session 30). In a step with controller.LARGE_BATCH+ rows, where a draft token costs about half of what an accepted
-# one saves (`trim`; not where a CUDA graph pads the verify rows: controller.padded_rows), a request whose
-# own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below OWN_WEAK_ACCEPTANCE proposes at most
-# OWN_WEAK_MAX_DRAFT of them. A request starts just below the bar
+# one saves, a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below OWN_WEAK_ACCEPTANCE
+# keeps at most OWN_WEAK_MAX_DRAFT of them (a proposal's fourth field; the controller verifies the whole
+# draft where a CUDA graph pads the verify rows anyway: controller.PADDED). A request starts just below the bar
 # (OWN_PRIOR, near the 36% measured for json's own-text drafts): its first own-text draft in such a step is
 # capped, one accepted whole lifts the cap (0.3 + 0.7 * 0.45 > 0.5), and rejected ones keep it (replayed at
 # 16 rows: json 958 -> 922 draft tokens, code 1532 -> 1500, as many accepted; chat 684 -> 700; session 31).
@@ -140,8 +140,8 @@ class NgramProposer:
             if req.num_spec_accepted > 0 and self.text_of is not None:
                 self._text_index(req).observe(seq)
 
-    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False,
-                trim: bool = False) -> list[tuple[list[int], int, None]]:
+    def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
+                ) -> list[tuple[list[int], int, None, int]]:
         # the shortest match for a request not copying
         weak = min(self.min_n + LARGE_BATCH_EXTRA_MATCH * large_batch, self.max_n)
         self._source.clear()
@@ -155,17 +155,27 @@ class NgramProposer:
                 p = own if own.source is not None else p
             if p.shared is not None:
                 self.follow.drafted(req.rid, p.shared, req.seq_len())
-            tokens = p.tokens
+            tokens, keep = p.tokens, len(p.tokens)
             if p.source is not None:
-                if trim and self._own_acceptance.get(req.rid, self.own_prior) < OWN_WEAK_ACCEPTANCE:
-                    tokens = tokens[:OWN_WEAK_MAX_DRAFT]
-                if trim:
-                    keep = self._index(req).agreed(seq, tokens, p.source, OWN_AGREE_CONTEXT)
-                    tokens = tokens[: max(keep, OWN_AGREE_MIN)]
-                tokens = tokens[: self._copy_breaks(req).keep(seq, p.source, tokens)]
+                tokens, keep = self._own_cuts(req, seq, p.source, tokens, large_batch)
                 self._source[req.rid] = (p.source, tokens)
-            out.append((tokens, p.match, None))
+            out.append((tokens, p.match, None, keep))
         return out
+
+    def _own_cuts(self, req: Req, seq: list[int], source: int, tokens: list[int], large_batch: bool
+                  ) -> tuple[list[int], int]:
+        """An own-text draft cut where its copies end (copy_breaks.py), and how many of its tokens a large
+        step keeps where each costs a token's compute (the weak cap and the agreement cut, then the same)."""
+        breaks = self._copy_breaks(req)
+        if not large_batch:
+            tokens = tokens[: breaks.keep(seq, source, tokens)]
+            return tokens, len(tokens)
+        cut = tokens
+        if self._own_acceptance.get(req.rid, self.own_prior) < OWN_WEAK_ACCEPTANCE:
+            cut = cut[:OWN_WEAK_MAX_DRAFT]
+        cut = cut[: max(self._index(req).agreed(seq, cut, source, OWN_AGREE_CONTEXT), OWN_AGREE_MIN)]
+        keep = breaks.keep(seq, source, cut)
+        return tokens[: breaks.keep(seq, source, tokens) if len(cut) < len(tokens) else keep], keep
 
     def _copy_breaks(self, req: Req) -> CopyBreaks:
         breaks = self._breaks.get(req.rid)
