@@ -143,8 +143,8 @@ def test_a_lone_unlikely_draft_does_not_pay_for_a_large_step():
     lone = _req("r", REPEAT)
     full = [9, 8, 7, 6, 15, 14, 13, 12]
     assert 0.5 * LARGE_BATCH_MAX_DRAFT < min_expected(16)
-    _seen(ctl, other + [lone])
-    assert ctl.propose(other + [lone])[-1] == []  # a request (chance 0.5) alone: 2 expected tokens
+    assert ctl.propose(other + [lone])[-1] == []  # a fresh request (chance 0.5) alone: 2 expected tokens
+    assert ctl._state["r"].first_tries == 0  # and it is not explored (a lone chance match, as in free text)
     for _ in range(3):
         ctl._state["r"].update(4, 4, 8, 0.25)  # accepted whole: a streak, and a chance past 0.8
     assert ctl.propose(other + [lone])[-1] == full  # a request on a streak keeps its draft

@@ -68,9 +68,9 @@ LARGE_BATCH_STREAK = 2
 # proposal, ngram_proposer's OWN_WEAK_MAX_DRAFT and agreement cut) would only lose accepted tokens there: such a
 # step verifies whole drafts. Whether it verifies at all is still decided on the cut drafts, as where the cuts
 # apply: a verify step costs the host more, and the device a little more than a decode step (docs/benchmarks.md,
-# session 40: replayed at 16 rows, code 77 -> 75 steps, json 15 -> 13, chat 10 -> 7, free text the same 128 steps
-# and 12 verify rows; deciding on the whole drafts took code to 72 but had free text verify 163 draft tokens in 9
-# steps and saved none: more host time for nothing).
+# session 40: replayed at 16 rows, code 77 -> 75 steps, json 15 -> 13, chat 10 -> 7, free text unchanged (no
+# draft); deciding on the whole drafts took code to 72 but had free text verify 163 draft tokens in 9 steps and
+# saved none: more host time for nothing).
 # Where a lone decoding row steps through the model in one call (the CPU's cpu_ops.decode_stack: the GEMV and
 # the bf16-read argmax head), a verify row of 1 + k tokens takes the module path: ~1.3-1.5x that step
 # with 1-3 draft tokens (the tiled GEMV's few rows), 1.5-2x with more (oneDNN's GEMMs; docs/benchmarks.md,
@@ -78,12 +78,15 @@ LARGE_BATCH_STREAK = 2
 # while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
 ONE_ROW_CHANCE = 0.35
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
-# EXPLORE: in a large step whose drafts do not pay (_step_pays), a request none of whose drafts has been
-# verified keeps its draft too. Its chance is the prior's and an own-text draft is cut to
+# EXPLORE: a large step whose drafts do not pay (_step_pays) still verifies the drafts of the requests none of
+# whose drafts has been verified yet, where those drafts, before the proposer's cuts, would pay on their own
+# (_explores). Such a request's chance is the prior's and an own-text draft is cut to
 # ngram_proposer.OWN_WEAK_MAX_DRAFT tokens until one is accepted whole; at 8-11 rows that never paid
-# (8 x 0.5 x 2 tokens against min_expected(8) = 10.7), so neither estimate could change: code and chat
-# at 8-11 rows never speculated (code at 8 rows 128 -> 75 steps, chat 46 -> 10; 12+ rows unchanged; free
-# text verifies 12-36 draft tokens a run; docs/benchmarks.md, session 40).
+# (8 x 0.5 x 2 tokens against min_expected(8) = 10.7), so neither estimate could change: code and chat at
+# 8-11 rows never speculated (code at 8 rows 128 -> 75 steps, chat 46 -> 10; 12+ rows unchanged).
+# Exploring every fresh request's first draft instead had free text verify a few lone chance matches a run
+# (free at 8 rows 0.99x -> 0.97x on the CPU: each such step leaves the faster decode path;
+# docs/benchmarks.md, session 40).
 EXPLORE = True
 # A request finished in a step leaves the proposer (its text out of the live table and into the corpus, a few
 # us a token of prompt + output on the CPU) after the next launch, where a GPU's step hides it; but a step
@@ -155,21 +158,10 @@ class SpecController:
         proposals = self.proposer.propose(chosen, ks, copying, large)
         drafts = dict(zip((r.rid for r in chosen), proposals))
         caps = dict(zip((r.rid for r in chosen), priced_ks))
-        out, priced = [], []  # priced: what the cuts for a draft token's compute keep of each draft
-        for req in reqs:
-            draft, match, _, keep = drafts.get(req.rid, ([], 0, None, 0))
-            if req.rid in strong_only and match < STRONG_MATCH:
-                draft = []
-            if not padded:
-                draft = draft[:keep]
-            if draft and req.grammar is not None:
-                draft = _grammar_prefix(req.grammar, draft)
-            if draft and self.stop_cut is not None:
-                draft = self.stop_cut.cut(req, draft)
-            out.append(draft)
-            priced.append(draft[: min(keep, caps.get(req.rid, 0))])
+        out, priced, uncut = self._cut(reqs, drafts, caps, strong_only, padded)
         if large and self.cost_aware and not self._step_pays(reqs, priced):
-            out = [d if self._keeps(self._state[r.rid]) else [] for r, d in zip(reqs, out)]
+            explore = self._explores(reqs, uncut)
+            out = [d if self._keeps(self._state[r.rid], explore) else [] for r, d in zip(reqs, out)]
         if self.config.speculative_max_batch_draft_tokens is not None:
             out = self._cap(reqs, out, self.config.speculative_max_batch_draft_tokens)
         if large:  # a lookup whose draft is dropped (paused, not paying) was as dry as one that found nothing
@@ -223,18 +215,46 @@ class SpecController:
         self.settle(budget=True)
         self.proposer.observe(running)
 
+    def _cut(self, reqs: list[Req], drafts: dict, caps: dict[str, int], strong_only: set[str], padded: bool
+             ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """Each request's draft as the step verifies it (the proposer's and the controller's cuts for a draft
+        token's compute but where the step is PADDED, the grammar's and the stops'), what those cuts keep of
+        it, and its length before the proposer's cuts (up to the step's cap: EXPLORE's estimate)."""
+        out, priced, uncut = [], [], []
+        for req in reqs:
+            draft, match, _, keep = drafts.get(req.rid, ([], 0, None, 0))
+            if req.rid in strong_only and match < STRONG_MATCH:
+                draft = []
+            uncut.append(min(len(draft), caps.get(req.rid, 0)))
+            if not padded:
+                draft = draft[:keep]
+            if draft and req.grammar is not None:
+                draft = _grammar_prefix(req.grammar, draft)
+            if draft and self.stop_cut is not None:
+                draft = self.stop_cut.cut(req, draft)
+            out.append(draft)
+            priced.append(draft[: min(keep, caps.get(req.rid, 0))])
+        return out, priced, uncut
+
+    def _explores(self, reqs: list[Req], uncut: list[int]) -> bool:
+        """EXPLORE: whether the drafts of the requests none of whose drafts has been verified yet, uncut, would
+        pay for the step on their own (many fresh requests copying at once; not one free-text request's
+        chance match)."""
+        fresh = [(self._state[r.rid], n) for r, n in zip(reqs, uncut) if n and self._state[r.rid].first_tries == 0]
+        return EXPLORE and sum(s.first_chance() * n for s, n in fresh) >= min_expected(len(reqs))
+
     @staticmethod
-    def _keeps(state: AdaptiveState) -> bool:
+    def _keeps(state: AdaptiveState, explore: bool) -> bool:
         """Whether a request keeps its draft in a large step whose drafts do not pay (_step_pays): one on a
-        streak (copying: its last drafts were accepted whole), and one none of whose drafts has been
-        verified yet (EXPLORE)."""
-        return state.streak >= LARGE_BATCH_STREAK or (EXPLORE and state.first_tries == 0)
+        streak (copying: its last drafts were accepted whole), and, where the step explores, one none of whose
+        drafts has been verified yet."""
+        return state.streak >= LARGE_BATCH_STREAK or (explore and state.first_tries == 0)
 
     def _may_pay(self, chosen: list[Req], ks: list[int], rows: int) -> bool:
-        """Whether any draft could survive _step_pays: a request that _keeps keeps its draft, and the others'
-        drafts can expect at most first_chance * k accepted tokens each."""
+        """Whether any draft could survive _step_pays: a request on a streak keeps its draft, and the others'
+        drafts (those _explores counts too) can expect at most first_chance * k accepted tokens each."""
         states = [self._state[r.rid] for r in chosen]
-        return (any(self._keeps(s) for s in states)
+        return (any(s.streak >= LARGE_BATCH_STREAK for s in states)
                 or sum(s.first_chance() * k for s, k in zip(states, ks)) >= min_expected(rows))
 
     def _step_pays(self, reqs: list[Req], drafts: list[list[int]]) -> bool:
