@@ -7,8 +7,9 @@ import pytest
 
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.speculative.adaptive import DRY_LOOKUPS, DRY_SKIP, FIRST_PRIOR, AdaptiveState
-from radixlm.runtime.speculative.controller import (LARGE_BATCH, LARGE_BATCH_MAX_DRAFT, LARGE_BATCH_STREAK,
-                                                    ONE_ROW_CHANCE, SETTLE_SPREAD, SETTLE_TOKENS, SpecController)
+from radixlm.runtime.speculative.controller import (EXPLORE_SHARE, LARGE_BATCH, LARGE_BATCH_MAX_DRAFT,
+                                                    LARGE_BATCH_STREAK, ONE_ROW_CHANCE, SETTLE_SPREAD,
+                                                    SETTLE_TOKENS, SpecController)
 from radixlm.runtime.speculative.cost import min_chance, min_expected
 from radixlm.runtime.speculative.ngram_proposer import OWN_WEAK_MAX_DRAFT, NgramProposer
 
@@ -171,6 +172,19 @@ def test_a_large_step_verifies_the_drafts_of_requests_never_verified_once():
     for req in reqs:
         ctl.on_finish(req)
     ctl.check_integrity(idle=True)
+
+
+def test_exploring_asks_half_the_rows_to_be_fresh_drafts():
+    """A few fresh requests' chance matches among many rows (free text on a shared topic) are not explored,
+    though their uncut drafts would pay: a closed batch runs as long as its slowest request."""
+    config = SpeculativeConfig(speculative_algorithm="NGRAM")
+    ctl = SpecController(config, NgramProposer(config), context_len=1024, one_call_decode=True)
+    other = [_req(f"p{i}", [20 + i, 30 + i]) for i in range(9)]  # nothing to propose
+    drafting = [_req(f"r{i}", REPEAT) for i in range(7)]
+    assert EXPLORE_SHARE * 16 > 7 and 7 * FIRST_PRIOR * LARGE_BATCH_MAX_DRAFT >= min_expected(16)
+    assert all(d == [] for d in ctl.propose(other + drafting))
+    drafting.append(_req("r7", REPEAT))  # 8 of 16
+    assert ctl.propose(other[1:] + drafting)[8:] == [[9, 8]] * 8
 
 
 def test_a_large_step_that_does_not_pay_keeps_only_the_streaks_drafts():

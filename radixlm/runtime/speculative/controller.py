@@ -85,9 +85,12 @@ COST_AWARE = True  # drop drafts whose first token's chance does not pay for the
 # (8 x 0.5 x 2 tokens against min_expected(8) = 10.7), so neither estimate could change: code and chat at
 # 8-11 rows never speculated (code at 8 rows 128 -> 75 steps, chat 46 -> 10; 12+ rows unchanged).
 # Exploring every fresh request's first draft instead had free text verify a few lone chance matches a run
-# (free at 8 rows 0.99x -> 0.97x on the CPU: each such step leaves the faster decode path;
+# (free at 8 rows 0.99x -> 0.97x on the CPU: each such step leaves the faster decode path), and without
+# EXPLORE_SHARE 8 of 24 free-text requests that share a topic were explored: 73% of their drafts were then
+# accepted, but a closed batch runs as long as its slowest request (free at 24 rows 0.99x -> 0.97x;
 # docs/benchmarks.md, session 40).
 EXPLORE = True
+EXPLORE_SHARE = 0.5
 # A request finished in a step leaves the proposer (its text out of the live table and into the corpus, a few
 # us a token of prompt + output on the CPU) after the next launch, where a GPU's step hides it; but a step
 # settles at most SETTLE_TOKENS of such text, or 1/SETTLE_SPREAD of the backlog where that is more: code at
@@ -237,11 +240,12 @@ class SpecController:
         return out, priced, uncut
 
     def _explores(self, reqs: list[Req], uncut: list[int]) -> bool:
-        """EXPLORE: whether the drafts of the requests none of whose drafts has been verified yet, uncut, would
-        pay for the step on their own (many fresh requests copying at once; not one free-text request's
-        chance match)."""
+        """EXPLORE: whether the requests none of whose drafts has been verified yet draft in EXPLORE_SHARE of
+        the step's rows, and their drafts, uncut, would pay for the step on their own (fresh requests copying
+        at once; not a few free-text requests' chance matches)."""
         fresh = [(self._state[r.rid], n) for r, n in zip(reqs, uncut) if n and self._state[r.rid].first_tries == 0]
-        return EXPLORE and sum(s.first_chance() * n for s, n in fresh) >= min_expected(len(reqs))
+        return (EXPLORE and len(fresh) >= EXPLORE_SHARE * len(reqs)
+                and sum(s.first_chance() * n for s, n in fresh) >= min_expected(len(reqs)))
 
     @staticmethod
     def _keeps(state: AdaptiveState, explore: bool) -> bool:
