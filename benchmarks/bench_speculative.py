@@ -125,10 +125,7 @@ def run_worker(args) -> None:
 
     results = {}
     with Engine(args.model_path, **_engine_options(args), **_spec_options(args, args.side == "on")) as eng:
-        if args.oracle and args.side == "on":
-            _install_oracle(eng, args)
-        if args.cpu_cuts and eng.scheduler.spec is not None:
-            eng.scheduler.spec.padded_rows = 0
+        _prepare(eng, args)
         for name in args.workloads:
             for batch in args.batches:
                 prompts, params = _prompts(eng.tokenizer, name, batch), _params(args, name)
@@ -146,10 +143,7 @@ def serve_worker(args) -> None:
     from radixlm.runtime.engine import Engine
 
     with Engine(args.model_path, **_engine_options(args), **_spec_options(args, args.side == "on")) as eng:
-        if args.oracle and args.side == "on":
-            _install_oracle(eng, args)
-        if args.cpu_cuts and eng.scheduler.spec is not None:
-            eng.scheduler.spec.padded_rows = 0
+        _prepare(eng, args)
         if args.warmup:
             for name in args.workloads:
                 for batch in args.batches:
@@ -190,6 +184,14 @@ class OracleProposer:
     def flush(self) -> None: ...
 
     def check_integrity(self, idle: bool) -> None: ...
+
+
+def _prepare(eng, args) -> None:
+    """A worker's engine as its side runs: --oracle's proposer on the on side, --cpu-cuts."""
+    if args.oracle and args.side == "on":
+        _install_oracle(eng, args)
+    if args.cpu_cuts and eng.scheduler.spec is not None:
+        eng.scheduler.spec.padded_rows = 0
 
 
 def _install_oracle(eng, args) -> None:

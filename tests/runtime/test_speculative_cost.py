@@ -37,7 +37,7 @@ def test_first_chance_follows_the_requests_first_tokens():
 
 
 def _seen(ctl, reqs, chance=FIRST_PRIOR):
-    """Give reqs a verified draft each (no longer explored: controller.EXPLORE), first-token chance `chance`."""
+    """Give reqs a verified draft each (no longer explored: SpecController._explores), first-token chance `chance`."""
     for req in reqs:
         ctl._state[req.rid] = AdaptiveState(ctl.max_k, first_hits=2 * chance - FIRST_PRIOR, first_tries=1.0)
 

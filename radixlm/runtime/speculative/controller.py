@@ -78,7 +78,7 @@ LARGE_BATCH_STREAK = 2
 # while paused). cost.min_chance(1) predates the one-call step and asks 0.1.
 ONE_ROW_CHANCE = 0.35
 COST_AWARE = True  # drop drafts whose first token's chance does not pay for them (cost.py)
-# EXPLORE: a large step whose drafts do not pay (_step_pays) still verifies the drafts of the requests none of
+# Exploring: a large step whose drafts do not pay (_step_pays) still verifies the drafts of the requests none of
 # whose drafts has been verified yet, where those drafts, before the proposer's cuts, would pay on their own
 # (_explores). Such a request's chance is the prior's and an own-text draft is cut to
 # ngram_proposer.OWN_WEAK_MAX_DRAFT tokens until one is accepted whole; at 8-11 rows that never paid
@@ -89,7 +89,6 @@ COST_AWARE = True  # drop drafts whose first token's chance does not pay for the
 # EXPLORE_SHARE 8 of 24 free-text requests that share a topic were explored: 73% of their drafts were then
 # accepted, but a closed batch runs as long as its slowest request (free at 24 rows 0.99x -> 0.97x;
 # docs/benchmarks.md, session 40).
-EXPLORE = True
 EXPLORE_SHARE = 0.5
 # A request finished in a step leaves the proposer (its text out of the live table and into the corpus, a few
 # us a token of prompt + output on the CPU) after the next launch, where a GPU's step hides it; but a step
@@ -222,7 +221,7 @@ class SpecController:
              ) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """Each request's draft as the step verifies it (the proposer's and the controller's cuts for a draft
         token's compute but where the step is PADDED, the grammar's and the stops'), what those cuts keep of
-        it, and its length before the proposer's cuts (up to the step's cap: EXPLORE's estimate)."""
+        it, and its length before the proposer's cuts (up to the step's cap: _explores's estimate)."""
         out, priced, uncut = [], [], []
         for req in reqs:
             draft, match, _, keep = drafts.get(req.rid, ([], 0, None, 0))
@@ -240,11 +239,11 @@ class SpecController:
         return out, priced, uncut
 
     def _explores(self, reqs: list[Req], uncut: list[int]) -> bool:
-        """EXPLORE: whether the requests none of whose drafts has been verified yet draft in EXPLORE_SHARE of
+        """Exploring: whether the requests none of whose drafts has been verified yet draft in EXPLORE_SHARE of
         the step's rows, and their drafts, uncut, would pay for the step on their own (fresh requests copying
         at once; not a few free-text requests' chance matches)."""
         fresh = [(self._state[r.rid], n) for r, n in zip(reqs, uncut) if n and self._state[r.rid].first_tries == 0]
-        return (EXPLORE and len(fresh) >= EXPLORE_SHARE * len(reqs)
+        return (len(fresh) >= EXPLORE_SHARE * len(reqs)
                 and sum(s.first_chance() * n for s, n in fresh) >= min_expected(len(reqs)))
 
     @staticmethod
