@@ -1,6 +1,10 @@
 """gen(..., tools=[...]) in a @function program: on the in-process Engine (llguidance backend, the tiny
 random model: the grammar alone guarantees the calls) the calls come back as dicts in meta_info and the
-program loops over them; bad tools fail at the program line."""
+program loops over them; bad tools fail at the program line.
+
+The engine tests use tools whose arguments have bounded spellings: a JSON number's fraction and a string's
+escapes have no length bound, and the random model, sampling, wrote digits until max_tokens cut the call
+(seen in CI)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,20 @@ import pytest
 
 import radixlm as sgl
 from radixlm.lang.tools import parse_tool_calls, tools_prompt
-from tests.server.tools.conftest import SCHEMAS, TOOLS
+from tests.server.tools.conftest import TOOLS
+
+INT = {"type": "integer", "minimum": -999, "maximum": 999}
+BOUNDED_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,24}$"},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+BOUNDED_CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Compute a op b",
+    "parameters": {"type": "object", "properties": {"a": INT, "b": INT, "op": {"enum": ["+", "-", "*", "/"]}},
+                   "required": ["a", "b", "op"], "additionalProperties": False}}}
+BOUNDED = [BOUNDED_WEATHER, BOUNDED_CALCULATOR]
+BOUNDED_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED}
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +43,10 @@ def llg_engine(tiny_llama_dir):
 @sgl.function
 def tool_loop(s, question):
     s += "Question: " + question + "\n"  # the tiny model's context is short: no tool prompt
-    s += sgl.gen("call", tools=TOOLS, tool_choice="required", max_tokens=160, temperature=0.7)
+    s += sgl.gen("call", tools=BOUNDED, tool_choice="required", max_tokens=160, temperature=0.7)
     for call in s.get_meta_info("call")["tool_calls"]:
         s += f"\n<tool_response>\n{json.dumps({'name': call['name'], 'ok': True})}\n</tool_response>\n"
-    s += "Answer: " + sgl.gen("answer", max_tokens=8, tools=TOOLS, tool_choice="none")
+    s += "Answer: " + sgl.gen("answer", max_tokens=8, tools=BOUNDED, tool_choice="none")
 
 
 def test_tool_loop_on_the_engine(llg_engine):
@@ -41,7 +58,7 @@ def test_tool_loop_on_the_engine(llg_engine):
         assert calls, state["call"]
         for call in calls:
             assert call["id"].startswith("call_") and isinstance(call["arguments"], dict)
-            jsonschema.validate(call["arguments"], SCHEMAS[call["name"]])
+            jsonschema.validate(call["arguments"], BOUNDED_SCHEMAS[call["name"]])
         total += len(calls)
         assert state.get_meta_info("answer")["tool_calls"] == []
         assert "<tool_response>" in state.text()
@@ -51,7 +68,7 @@ def test_tool_loop_on_the_engine(llg_engine):
 def test_named_choice_on_the_engine(llg_engine):
     @sgl.function
     def named(s):
-        s += "Compute something.\n" + sgl.gen("c", tools=TOOLS, max_tokens=160,
+        s += "Compute something.\n" + sgl.gen("c", tools=BOUNDED, max_tokens=160,
                                              tool_choice={"type": "function", "function": {"name": "calculator"}})
 
     calls = named.run(backend=llg_engine, temperature=0).get_meta_info("c")["tool_calls"]  # greedy: one outcome
