@@ -49,6 +49,7 @@ class _Emitter:
         self.exact = EXACT[target]
         self.max_repeat = MAX_REPEAT_LAZY if target == "llguidance" else MAX_REPEAT
         self.notes: list[str] = []
+        self.empty_enum = ""  # the first enum none of whose values its sibling keywords admit (for the 400)
         self._validators: dict[str, Any] = {}
         self._memo: dict[int, tuple[Any, dict[str, Any]]] = {}  # id -> (node, emitted)
 
@@ -98,6 +99,7 @@ class _Emitter:
         banned = {canon(v) for v in node.get("notEnum", [])}
         values = [v for v in node["enum"] if canon(v) not in banned and self._valid(v, rest)]
         if not values:
+            self.empty_enum = self.empty_enum or path
             return dict(NEVER)
         if self.target == "xgrammar" and any(isinstance(v, (list, dict)) for v in values):
             return any_of([_structural(v) for v in values])  # its consts ignore the separators
@@ -291,15 +293,15 @@ def _structural(value: Any) -> dict[str, Any]:
     return {"const": value}
 
 
-def emit(lowered: dict[str, Any], defs: dict[str, Any], target: str) -> tuple[dict[str, Any], list[str]]:
-    """(schema for the target, approximation notes)."""
+def emit(lowered: dict[str, Any], defs: dict[str, Any], target: str) -> tuple[dict[str, Any], list[str], str]:
+    """(schema for the target, approximation notes, the first place whose enum lost every value or "")."""
     emitter = _Emitter(defs, target)
     schema = emitter.emit(lowered, "#")
     if defs:
         out_defs = {name: emitter.emit(d, f"#/$defs/{name}") for name, d in defs.items()}
         out_defs = {k: (False if is_never(v) else v) for k, v in out_defs.items()}
         if is_never(schema):
-            return schema, emitter.notes
+            return schema, emitter.notes, emitter.empty_enum
         schema = {**schema, "$defs": out_defs} if "$ref" not in schema or len(schema) > 1 else \
             {"$ref": schema["$ref"], "$defs": out_defs}
-    return schema, emitter.notes
+    return schema, emitter.notes, emitter.empty_enum

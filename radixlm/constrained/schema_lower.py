@@ -298,8 +298,9 @@ def lower_schema(spec: str, options: GrammarOptions, target: str) -> LoweredSche
             # a shape the lowering does not expect: a 400 naming it, never a 500.
             raise _err(f"malformed schema ({type(e).__name__}: {str(e)[:120]})") from None
     lowerer.check_one_ofs()
-    schema, notes = emit(lowered, lowerer.defs, target)
+    schema, notes, empty_enum = emit(lowered, lowerer.defs, target)
     if is_never(schema):
-        raise _err("schema admits no value" + (f" ({lowerer.conflict})" if lowerer.conflict else ""))
+        why = lowerer.conflict or (f"no value of the enum at {empty_enum} matches its other keywords" if empty_enum else "")
+        raise _err("schema admits no value" + (f" ({why})" if why else ""))
     approximations = tuple(dict.fromkeys(lowerer.notes + notes))
     return LoweredSchema(schema, approximations)

@@ -37,6 +37,9 @@ BAD_SCHEMAS = [
     ('{"allOf": [{"const": 1}, {"const": 2}]}', INVALID_GRAMMAR, "const/enum values"),
     ('{"allOf": [{"type": "string"}, {"type": "integer"}]}', INVALID_GRAMMAR, "no value in common"),
     ('{"not": {}}', INVALID_GRAMMAR, "admits no value"),
+    # BFCL's live functions hold this: an enum meant for the items, written beside `type: array`.
+    ('{"type": "object", "properties": {"m": {"type": "array", "enum": ["a"]}}, "required": ["m"]}', INVALID_GRAMMAR,
+     "no value of the enum at #/properties/m matches its other keywords"),
     (json.dumps(_nested(40)), GRAMMAR_TOO_LARGE, "deeper than 32"),
     (json.dumps({"enum": ["x" * 1000] * 1100}), GRAMMAR_TOO_LARGE, "larger than 1048576"),
 ]
