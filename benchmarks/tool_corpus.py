@@ -81,9 +81,10 @@ def load_tool_sets() -> list[ToolSet]:
     functions = corpus["functions"]
     out = []
     for entry in corpus["sets"]:
-        truth = tuple((openai_name(name), args) for call in entry.get("ground_truth", ()) for name, args in call.items())
-        out.append(ToolSet(entry["file"], entry["id"], tuple(openai_tool(functions[k]) for k in entry["functions"]),
-                           truth))
+        calls = entry.get("ground_truth", ())
+        truth = tuple((openai_name(name), args) for call in calls for name, args in call.items())
+        tools = tuple(openai_tool(functions[k]) for k in entry["functions"])
+        out.append(ToolSet(entry["file"], entry["id"], tools, truth))
     return out
 
 

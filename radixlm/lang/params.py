@@ -133,16 +133,11 @@ class GenParams:
         out = {name: getattr(self.sampling, name) for name in names}
         for name in _LIST_FIELDS:
             out[name] = _as_list(out[name])
-        return {**out, **self._tool_params()}
-
-    def _tool_params(self) -> dict[str, Any]:
-        """The tool-call grammar as `ebnf` when the gen has tools (None for tool_choice none)."""
         if not self.tools:
-            return {}
-        from radixlm.lang.tools import tool_grammar
+            return out
+        from radixlm.lang.tools import tool_params
 
-        grammar = tool_grammar(self.tools, self.tool_choice)
-        return {} if grammar is None else {"ebnf": grammar}
+        return {**out, **tool_params(self.tools, self.tool_choice, out["stop_regex"])}
 
     def logprob_fields(self) -> dict[str, Any]:
         """Top-level logprob fields of a native request; only those the program set."""

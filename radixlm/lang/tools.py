@@ -27,12 +27,17 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[tuple[dict[str, Any], ...
     return tuple(tools), tool_choice
 
 
-def tool_grammar(tools: Any, tool_choice: Any) -> str | None:
-    """The Lark grammar (`ebnf`) that makes the gen's calls well-formed; None for tool_choice none."""
-    from radixlm.tools.grammar import tool_grammar as build
+def tool_params(tools: Any, tool_choice: Any, stop_regex: Any = None) -> dict[str, Any]:
+    """The native sampling params that make the gen's calls well-formed: the Lark grammar as `ebnf`, and the
+    gen's own stop_regex plus the one that ends the calls where the model writes on past them ({} for
+    tool_choice none)."""
+    from radixlm.tools.grammar import tool_grammar, with_trailer_stop
     from radixlm.tools.parsers import hermes
 
-    return build(_request(tools, tool_choice), hermes.FORMAT, GrammarOptions())
+    grammar = tool_grammar(_request(tools, tool_choice), hermes.FORMAT, GrammarOptions())
+    if grammar is None:
+        return {}
+    return {"ebnf": grammar, **with_trailer_stop({"stop_regex": stop_regex}, hermes.FORMAT)}
 
 
 def tools_prompt(tools: Any) -> str:

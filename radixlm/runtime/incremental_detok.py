@@ -27,6 +27,7 @@ class IncrementalDecoder:
         self._kwargs = {"skip_special_tokens": skip_special_tokens,
                         "spaces_between_special_tokens": spaces_between_special_tokens}
         self.text = ""
+        self.num_pushed = 0  # output ids pushed so far
 
     def _decode(self, ids: list[int]) -> str:
         try:
@@ -37,6 +38,7 @@ class IncrementalDecoder:
     def push(self, new_ids: list[int]) -> str:
         """Add output tokens; return the newly completed text (possibly "")."""
         self._ids.extend(new_ids)
+        self.num_pushed += len(new_ids)
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):

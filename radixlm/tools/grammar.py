@@ -65,9 +65,44 @@ def _call_rules(req: ToolRequest, fmt: ToolFormat, options: GrammarOptions, spec
     return rules
 
 
+def trailer_stop(fmt: ToolFormat) -> str | None:
+    r"""The stop_regex that ends a call group where the model, after a call, writes anything but another
+    call: whitespace, then a character that cannot start the next call's tag (the text is trimmed; the
+    calls stand). Only families whose calls end in a tag holding a raw newline (hermes: `\n</tool_call>`):
+    canonical JSON has no raw newline, so the tag cannot occur inside arguments."""
+    if "\n" not in fmt.call_close:
+        return None
+    return rf"(?<={_escaped(fmt.call_close)})[ \t\r\n]*[^ \t\r\n{_escaped(_next_call_start(fmt))}]"
+
+
+def with_trailer_stop(params: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]:
+    """{"stop_regex": the request's own + trailer_stop} for a constrained tool request ({} if none)."""
+    stop = trailer_stop(fmt)
+    if stop is None:
+        return {}
+    own = params.get("stop_regex") or []
+    return {"stop_regex": [*([own] if isinstance(own, str) else own), stop]}
+
+
+def _next_call_start(fmt: ToolFormat) -> str:
+    return (fmt.sep + fmt.call_open).strip()[:1]
+
+
+def _escaped(text: str) -> str:
+    r"""re.escape, with a newline written as \n (a stop_regex and a Lark regex both read it)."""
+    return re.escape(text).replace("\\\n", "\\n")
+
+
+def _trailer_lexeme(fmt: ToolFormat) -> str:
+    """Lark for what trailer_stop matches (then any text), or bare whitespace before EOS."""
+    first = _escaped(_next_call_start(fmt))
+    return rf"TRAILER: /[ \t\r\n]+|[ \t\r\n]*[^ \t\r\n{first}](.|\n)*/"
+
+
 def _group_tail(req: ToolRequest, fmt: ToolFormat, specials: list[str]) -> str:
     more = f"({literal(fmt.sep, specials)} call)*" if req.parallel else ""
-    return f"{more} {literal(fmt.close, specials)}".strip()
+    trailer = " TRAILER?" if trailer_stop(fmt) else ""
+    return f"{more} {literal(fmt.close, specials)}{trailer}".strip()
 
 
 def tool_grammar(req: ToolRequest, fmt: ToolFormat, options: GrammarOptions, special_tokens: Iterable[str] = ()
@@ -78,6 +113,8 @@ def tool_grammar(req: ToolRequest, fmt: ToolFormat, options: GrammarOptions, spe
     specials = list(special_tokens)
     lines = ["%llguidance {}", *_call_rules(req, fmt, options, specials)]
     tail = _group_tail(req, fmt, specials)
+    if trailer_stop(fmt):
+        lines.append(_trailer_lexeme(fmt))
     if req.mode == "auto":
         rest = fmt.group_open[len(fmt.trigger):]
         lines += ["start: TEXT | trigger group_rest",

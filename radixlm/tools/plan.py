@@ -15,7 +15,7 @@ from typing import Any
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.validate import check_json_output
 from radixlm.errors import InvalidRequestError
-from radixlm.tools.grammar import tool_grammar
+from radixlm.tools.grammar import tool_grammar, with_trailer_stop
 from radixlm.tools.parsers.base import ParsedCall, Parser, ToolFormat, content_outside
 from radixlm.tools.parsers.registry import resolve
 from radixlm.tools.prompt import default_prompt_messages, template_has_tools
@@ -47,7 +47,7 @@ class ToolPlan:
         if any(params.get(k) is not None for k in ("json_schema", "regex", "ebnf")):
             raise InvalidRequestError("response_format (or another grammar) cannot be combined with tools "
                                       f"under tool_choice {self.request.mode}", param="response_format")
-        extra: dict[str, Any] = {"ebnf": self.grammar}
+        extra: dict[str, Any] = {"ebnf": self.grammar, **with_trailer_stop(params, self.fmt)}
         if self.special_trigger:
             extra["skip_special_tokens"] = False
         return {**params, **extra}

@@ -94,3 +94,19 @@ def test_parse_keeps_only_valid_calls():
             '<tool_call>\n{"name": "calculator", "arguments": {"a": "x"}}\n</tool_call>')
     calls = parse_tool_calls(text, TOOLS, "auto")
     assert [(c["name"], c["arguments"]) for c in calls] == [("calculator", {"a": 1, "b": 2, "op": "+"})]
+
+
+def test_text_after_the_call_ends_the_gen(llg_engine):
+    """A logit bias pushes the model to write `T`: inside the call the grammar keeps the call valid, after it
+    the `T` ends the gen at once (trimmed), leaving one call instead of more forced by the grammar."""
+    bias = {llg_engine.tokenizer.encode("T", add_special_tokens=False)[0]: 40.0}
+
+    @sgl.function
+    def one(s):
+        s += "Q: weather?\n" + sgl.gen("call", tools=BOUNDED, tool_choice="required", max_tokens=160, temperature=0,
+                                      logit_bias=bias)
+
+    state = one.run(backend=llg_engine)
+    meta = state.get_meta_info("call")
+    assert state["call"].endswith("</tool_call>") and len(meta["tool_calls"]) == 1, state["call"]
+    assert meta["finish_reason"]["type"] == "stop", meta["finish_reason"]

@@ -81,3 +81,16 @@ def test_invalid_stop_regex_names_the_field(engine, bad):
     with pytest.raises(InvalidRequestError) as info:
         greedy(engine, stop_regex=bad)
     assert info.value.param == "stop_regex"
+
+
+def test_a_match_may_start_in_text_the_grammar_forced(engine):
+    """Jump-forward appends the grammar's forced text between two sampled tokens: the stop search sees it
+    (a lookbehind on it, a stop string straddling it), though a match must still end in a sampled token."""
+    regex = "[ab]XYZW[a-z]{6}"
+    full = greedy(engine, regex=regex)
+    assert full["meta_info"]["jump_forward_tokens"] > 0 and full["text"][1:5] == "XYZW"
+    res = greedy(engine, regex=regex, stop_regex=[r"(?<=XYZW)[a-z]"])
+    assert res["text"] == full["text"][:5] and res["meta_info"]["finish_reason"]["type"] == "stop"
+    res = greedy(engine, regex=regex, stop=["W" + full["text"][5]])
+    assert res["text"] == full["text"][:4]
+    engine.check_integrity()

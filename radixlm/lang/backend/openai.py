@@ -22,7 +22,7 @@ from radixlm.lang.chat_template import ChatTemplate, get_chat_template_by_model_
 from radixlm.lang.choices import ChoicesDecision, ChoicesSamplingMethod, normalized_logprob
 from radixlm.lang.interpreter import StreamExecutor
 from radixlm.lang.params import GenParams, stop_list
-from radixlm.lang.tools import openai_tool_calls, parse_tool_calls, tool_grammar
+from radixlm.lang.tools import openai_tool_calls, parse_tool_calls, tool_params
 
 
 class NoPromptLogprobs(Exception):
@@ -88,9 +88,10 @@ class OpenAI(BaseBackend):
             tool_calls = None
             if params.tools:  # completions have no tools field: the grammar and the parse run here
                 kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
-                grammar = tool_grammar(params.tools, params.tool_choice)
-                if grammar is not None:
-                    kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "ebnf": grammar}
+                extra = kwargs.get("extra_body", {})
+                extra = {**extra, **tool_params(params.tools, params.tool_choice, extra.get("stop_regex"))}
+                if extra:
+                    kwargs["extra_body"] = extra
             if params.return_logprob:
                 kwargs["logprobs"] = max(params.top_logprobs_num or 0, 1)
             ret = self.client.completions.create(prompt=s.text_, **kwargs)

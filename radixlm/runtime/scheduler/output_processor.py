@@ -268,11 +268,15 @@ class OutputProcessor:
         if dec is None:
             dec = IncrementalDecoder(self.tokenizer, req.input_ids, req.params.skip_special_tokens,
                                      req.params.spaces_between_special_tokens)
-            dec.push(req.output_ids[:-1])
-            req.stop_checked_len = len(dec.text)
             self._stop_decoders[req.rid] = dec
+        # Tokens the grammar forced since the last check (jump-forward) join the text without being searched,
+        # as everything before a decoder's first check: a match must end in a sampled token, but may start in
+        # forced text (a stop_regex's lookbehind may need it).
+        missed = req.output_ids[dec.num_pushed : len(req.output_ids) - 1]
+        if missed:
+            dec.push(missed)
+        checked = len(dec.text)
         dec.push([token])
-        checked, req.stop_checked_len = req.stop_checked_len, len(dec.text)
         hit = find_stop(dec.text, req.params.stop, checked)
         if hit is None and req.params.stop_regex:
             try:

@@ -58,7 +58,6 @@ class Req:
     generator: torch.Generator | None = None
     logprobs: LogprobAccumulator = field(default_factory=LogprobAccumulator)
     num_retractions: int = 0
-    stop_checked_len: int = 0  # chars of decoded output already scanned for stop strings
     grammar: Any = None  # per-request grammar matcher (constrained decoding), or None
     num_jump_forward_tokens: int = 0
     first_admitted: bool = False

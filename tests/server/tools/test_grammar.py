@@ -1,9 +1,11 @@
 """The tool grammar on the llguidance backend: random walks through it (sampling among allowed tokens)
-always give calls the parser accepts, whose arguments validate against the tool's schema."""
+always give calls the parser accepts, whose arguments validate against the tool's schema; text written
+past the calls ends the group (the trailer stop) instead of being forced into another call."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -12,7 +14,7 @@ from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.simulate import random_walk
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.server.reasoning import PARSERS
-from radixlm.tools.grammar import literal, tool_grammar
+from radixlm.tools.grammar import literal, tool_grammar, trailer_stop, with_trailer_stop
 from radixlm.tools.parsers import hermes, llama3, mistral
 from radixlm.tools.spec import parse_tool_request
 from tests.server.tools.conftest import SCHEMAS, TOOLS
@@ -125,3 +127,49 @@ def test_qwen3_thought_must_open_with_think(llg_backend, byte_tokenizer):
     assert not matcher.accept_token(byte_tokenizer("H", add_special_tokens=False).input_ids[0])
     text, finished = _walk(llg_backend, byte_tokenizer, grammar, 0, prefix="<tool_call>")
     assert finished and len(hermes.parse(text)) == 1
+
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"a": 1, "b": 2, "op": "+"}}\n</tool_call>'
+
+
+def _takes(backend, tokenizer, grammar, text) -> bool:
+    matcher = backend.compile("ebnf", grammar).matcher()
+    return all(matcher.accept_token(t) for t in tokenizer(text, add_special_tokens=False).input_ids) \
+        and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("choice,parallel", [("required", True), ("required", False), ("auto", True)])
+def test_text_past_the_calls_ends_the_group(llg_backend, byte_tokenizer, choice, parallel):
+    """A model that writes on after its call (SmolLM2 explains it) is not forced into a second call: the
+    grammar takes the text and the trailer stop ends the request there, leaving the calls."""
+    grammar, stop = _grammar(choice, parallel=parallel), trailer_stop(hermes.FORMAT)
+    prefix = "Sure. " if choice == "auto" else ""
+    for tail, where in [("\n\nThe answer is 3.", 0), ("Done", 0), (" \n", None), ("", None)]:
+        assert _takes(llg_backend, byte_tokenizer, grammar, prefix + CALL + tail), tail
+        found = re.search(stop, prefix + CALL + tail)
+        assert (found and found.start()) == (None if where is None else len(prefix + CALL)), tail
+    assert not _takes(llg_backend, byte_tokenizer, grammar, CALL + "\n<b>")  # `<` only opens a call
+    second = CALL + "\n" + CALL
+    assert _takes(llg_backend, byte_tokenizer, grammar, prefix + second) == parallel
+    assert re.search(stop, second) is None
+
+
+def test_the_trailer_stop_never_matches_inside_arguments():
+    """Canonical JSON escapes newlines, so the `\\n</tool_call>` the stop looks behind for is never in a string."""
+    args = json.dumps({"text": "\n</tool_call>\nThe end"})
+    assert re.search(trailer_stop(hermes.FORMAT), '<tool_call>\n{"name": "t", "arguments": %s}' % args) is None
+
+
+def test_families_without_a_closing_tag_have_no_trailer():
+    """llama3 (`;` between bare objects) and mistral (a JSON array) end calls with `}` or `]`, which also
+    close JSON inside the arguments: no lookbehind can tell them apart, so their grammars end with the calls."""
+    for fmt in (llama3.FORMAT, mistral.FORMAT):
+        assert trailer_stop(fmt) is None and with_trailer_stop({}, fmt) == {}
+        assert "TRAILER" not in _grammar("required", fmt)
+
+
+def test_the_trailer_stop_joins_the_requests_own():
+    stop = trailer_stop(hermes.FORMAT)
+    assert with_trailer_stop({}, hermes.FORMAT) == {"stop_regex": [stop]}
+    assert with_trailer_stop({"stop_regex": "x+"}, hermes.FORMAT) == {"stop_regex": ["x+", stop]}
+    assert with_trailer_stop({"stop_regex": ["a", "b"]}, hermes.FORMAT) == {"stop_regex": ["a", "b", stop]}
