@@ -8,6 +8,7 @@ For outlines, `pattern` is already the regex for the JSON *encoding* of the stri
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from radixlm.constrained.ecma_regex import MAX_REPEAT, MAX_REPEAT_LAZY, translate_pattern
@@ -171,6 +172,8 @@ class _Emitter:
             out["additionalProperties"] = False
         elif extra:
             out["additionalProperties"] = extra
+        if "patternProperties" in out and self.target == "xgrammar":
+            self._xgrammar_patterns(out, path)
         if "patternProperties" in out:
             out["patternProperties"] = {self._key_pattern(p, path): self.emit(s, f"{path}/patternProperties")
                                         for p, s in out["patternProperties"].items()}
@@ -181,6 +184,8 @@ class _Emitter:
                 if "additionalProperties" in out:
                     values.append(out["additionalProperties"] or {})
                 out["additionalProperties"] = any_of(values)
+        if is_never(out.get("propertyNames")):  # no name is allowed: only the empty object
+            return dict(NEVER) if required else {"type": "object", "maxProperties": 0}
         if "propertyNames" in out:  # names are strings whatever the subschema says
             names = out["propertyNames"]
             names = {**names, "type": ["string"]} if names and "type" not in names and "anyOf" not in names else names
@@ -194,6 +199,21 @@ class _Emitter:
         elif self.target == "xgrammar" and "additionalProperties" not in out:
             out["additionalProperties"] = True  # strict mode reads a missing one as false
         return self._drop_inexact(out, path)
+
+    def _xgrammar_patterns(self, out: dict[str, Any], path: str) -> None:
+        """xgrammar checks a key against the first of `properties` and its key patterns that matches it,
+        and reads a pattern's `false` as an error: where JSON Schema needs more, the lowering says so."""
+        patterns = out["patternProperties"]
+        if len(patterns) > 1:
+            self.notes.append(f"patternProperties at {path} (several key patterns: a key takes the first)")
+        for pattern in [p for p, sub in patterns.items() if is_never(sub)]:
+            self.notes.append(f"patternProperties at {path} (a key pattern no value may take, dropped)")
+            del patterns[pattern]
+        for name in out.get("properties", {}):
+            if any(_may_match(pattern, name) for pattern in patterns):
+                self.notes.append(f"patternProperties at {path} (property {name!r} matches a key pattern too)")
+        if not patterns:
+            del out["patternProperties"]
 
     def _outlines_object(self, out: dict[str, Any], path: str) -> dict[str, Any]:
         """Without `properties`, schema_regex.py writes key/value objects itself: key patterns, key
@@ -277,9 +297,25 @@ class _Emitter:
             if self.target == "outlines" and key in out and abs(out[key]) > MAX_BOUND:
                 self.notes.append(f"{key} beyond ±{MAX_BOUND} at {path} (dropped)")
                 del out[key]
+        if self.target == "xgrammar" and "multipleOf" in out:
+            # It enforces an integer multipleOf on integers only; every multiple of an integer is one (written
+            # without a fraction here, a narrower but valid set). A fractional step cannot be written for it.
+            if float(out["multipleOf"]).is_integer():
+                out["type"] = "integer"
+            else:
+                self.notes.append(f"fractional multipleOf at {path}")
+                del out["multipleOf"]
         if out.get("multipleOf") in (1, 1.0) and out["type"] == "integer":
             del out["multipleOf"]
         return self._drop_inexact(out, path)
+
+
+def _may_match(pattern: str, name: str) -> bool:
+    """Whether an ECMA key pattern may match a name (Python's regex reads most; unsure counts as yes)."""
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True
 
 
 def _structural(value: Any) -> dict[str, Any]:

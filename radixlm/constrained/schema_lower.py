@@ -107,6 +107,8 @@ class _Lowerer:
             self.notes.append(f"non-schema value at {path}")
             return {}
         base = self.index.base_of(node, base)
+        if "$ref" not in node and self.index.resolves_dynamically(node):  # lowered as a static $ref below
+            self.notes.append(f"$dynamicRef at {path} resolved statically")
         n = _legacy(node)
         parts = [self._flat(n, path, base)]
         if "$ref" in n:

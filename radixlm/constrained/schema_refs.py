@@ -45,15 +45,17 @@ class RefIndex:
         self.resources: dict[str, Any] = {}  # absolute URI without fragment -> subschema
         self.anchors: dict[str, Any] = {}    # absolute URI#anchor -> subschema
         self.bases: dict[int, str] = {}      # id(subschema) -> its base URI
+        self.dynamic: dict[str, int] = {}    # $dynamicAnchor name (or "" for $recursiveAnchor) -> how many
         self._walk(root, "")
 
     def _walk(self, root: dict[str, Any], base: str) -> None:
+        legacy = _ref_ignores_siblings(root)
         stack: list[tuple[Any, str]] = [(root, base)]
         while stack:
             node, base = stack.pop()
             if not isinstance(node, dict):
                 continue
-            ident = node.get("$id", node.get("id"))
+            ident = node.get("$id", node.get("id")) if not (legacy and "$ref" in node) else None
             if isinstance(ident, str) and not ident.startswith("#"):
                 base = urldefrag(urljoin(base, ident))[0]
                 self.resources.setdefault(base, node)
@@ -62,9 +64,21 @@ class RefIndex:
             for key in ("$anchor", "$dynamicAnchor"):
                 if isinstance(node.get(key), str):
                     self.anchors.setdefault(f"{base}#{node[key]}", node)
+            name = node["$dynamicAnchor"] if isinstance(node.get("$dynamicAnchor"), str) else \
+                "" if node.get("$recursiveAnchor") is True else None
+            if name is not None:
+                self.dynamic[name] = self.dynamic.get(name, 0) + 1
             self.bases[id(node)] = base
             stack.extend((child, base) for child in _children(node))
         self.resources.setdefault("", root)
+
+    def resolves_dynamically(self, node: dict[str, Any]) -> bool:
+        """Whether the node's $dynamicRef / $recursiveRef may resolve to another schema than its static
+        target: its anchor name is declared more than once, so the dynamic scope could pick another."""
+        ref = node.get("$dynamicRef")
+        if isinstance(ref, str):
+            return self.dynamic.get(urldefrag(ref)[1], 0) > 1
+        return isinstance(node.get("$recursiveRef"), str) and self.dynamic.get("", 0) > 1
 
     def base_of(self, node: Any, fallback: str) -> str:
         return self.bases.get(id(node), fallback)
@@ -94,6 +108,13 @@ class RefIndex:
 
     def _root_url(self) -> str:
         return next((u for u, node in self.resources.items() if node is self.root), "")
+
+
+def _ref_ignores_siblings(root: dict[str, Any]) -> bool:
+    """Drafts 4-7 ignore every sibling of a `$ref`, an `$id` included (its base URI stays the parent's).
+    A schema without `$schema` is read as draft 7, as the output validator reads it (validate.py)."""
+    dialect = root.get("$schema")
+    return not isinstance(dialect, str) or any(d in dialect for d in ("draft-03", "draft-04", "draft-06", "draft-07"))
 
 
 def _pointer(doc: Any, fragment: str) -> Any:
