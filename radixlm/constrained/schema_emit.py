@@ -45,8 +45,8 @@ FORMATS = {
 
 
 class _Emitter:
-    def __init__(self, defs: dict[str, Any], target: str):
-        self.defs, self.target = defs, target
+    def __init__(self, defs: dict[str, Any], target: str, listed_only: bool = False):
+        self.defs, self.target, self.listed_only = defs, target, listed_only
         self.exact = EXACT[target]
         self.max_repeat = MAX_REPEAT_LAZY if target == "llguidance" else MAX_REPEAT
         self.notes: list[str] = []
@@ -161,6 +161,8 @@ class _Emitter:
                 del props[name]  # outlines and xgrammar (strict) only generate the listed properties
         if banned and not props and self.target != "llguidance" and not is_never(extra):
             self.notes.append(f"absent properties {banned} at {path} (a free object may hold them)")
+        if self.listed_only and props and not extra and "patternProperties" not in out:
+            extra = dict(NEVER)  # only the listed keys: a narrower set, every member valid
         out.pop("properties", None)
         out.pop("required", None)
         out.pop("additionalProperties", None)
@@ -329,9 +331,11 @@ def _structural(value: Any) -> dict[str, Any]:
     return {"const": value}
 
 
-def emit(lowered: dict[str, Any], defs: dict[str, Any], target: str) -> tuple[dict[str, Any], list[str], str]:
-    """(schema for the target, approximation notes, the first place whose enum lost every value or "")."""
-    emitter = _Emitter(defs, target)
+def emit(lowered: dict[str, Any], defs: dict[str, Any], target: str, listed_only: bool = False
+         ) -> tuple[dict[str, Any], list[str], str]:
+    """(schema for the target, approximation notes, the first place whose enum lost every value or "").
+    listed_only: an object with `properties` and no other key rule gets only those keys."""
+    emitter = _Emitter(defs, target, listed_only)
     schema = emitter.emit(lowered, "#")
     if defs:
         out_defs = {name: emitter.emit(d, f"#/$defs/{name}") for name, d in defs.items()}

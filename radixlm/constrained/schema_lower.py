@@ -279,8 +279,10 @@ def _list(n: dict[str, Any], key: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def lower_schema(spec: str, options: GrammarOptions, target: str) -> LoweredSchema:
-    """Lower a json_schema spec for `target` ("outlines" | "xgrammar" | "llguidance"), or GrammarError."""
+def lower_schema(spec: str, options: GrammarOptions, target: str, listed_only: bool = False) -> LoweredSchema:
+    """Lower a json_schema spec for `target` ("outlines" | "xgrammar" | "llguidance"), or GrammarError.
+    listed_only (tool arguments): objects that list `properties` and say nothing else about other keys
+    get only the listed ones, as xgrammar's and outlines' objects always do (docs/json_schema.md)."""
     from radixlm.constrained.json_schema import load_schema
     from radixlm.constrained.schema_emit import emit
 
@@ -300,7 +302,7 @@ def lower_schema(spec: str, options: GrammarOptions, target: str) -> LoweredSche
             # a shape the lowering does not expect: a 400 naming it, never a 500.
             raise _err(f"malformed schema ({type(e).__name__}: {str(e)[:120]})") from None
     lowerer.check_one_ofs()
-    schema, notes, empty_enum = emit(lowered, lowerer.defs, target)
+    schema, notes, empty_enum = emit(lowered, lowerer.defs, target, listed_only)
     if is_never(schema):
         why = lowerer.conflict or (f"no value of the enum at {empty_enum} matches its other keywords" if empty_enum else "")
         raise _err("schema admits no value" + (f" ({why})" if why else ""))

@@ -26,13 +26,15 @@ _JSON_STYLE = {"lenient": True, "whitespace_flexible": False, "item_separator": 
 _TEXT = r"TEXT: /(.|\n)*/"
 
 
-def lowered_parameters(tool: ToolSpec, options: GrammarOptions) -> dict[str, Any]:
-    """The tool's parameter schema as the llguidance backend compiles response_format schemas; 400 if bad."""
+def lowered_parameters(tool: ToolSpec, options: GrammarOptions, listed_only: bool = False) -> dict[str, Any]:
+    """The tool's parameter schema as the llguidance backend compiles response_format schemas; 400 if bad.
+    listed_only (tool calls): an object listing `properties` takes only those, so no undeclared argument
+    (a handler's `f(**args)` fails on one; OpenAI's strict mode and xgrammar do the same)."""
     from radixlm.constrained.llguidance_compile import external_ref
     from radixlm.constrained.schema_lower import lower_schema
 
     try:
-        schema = dict(lower_schema(json.dumps(tool.parameters), options, "llguidance").schema)
+        schema = dict(lower_schema(json.dumps(tool.parameters), options, "llguidance", listed_only).schema)
     except GrammarError as e:
         raise InvalidRequestError(f"tools: function {tool.name!r}: {e.message}", param="tools", code=e.code) from None
     ref = external_ref(schema)
@@ -57,7 +59,7 @@ def _call_rules(req: ToolRequest, fmt: ToolFormat, options: GrammarOptions, spec
     rules, names = [], []
     for i, tool in enumerate(req.callable_tools()):
         head = '{"name": %s, "%s": ' % (json.dumps(tool.name), fmt.args_key)
-        schema = json.dumps(lowered_parameters(tool, options))
+        schema = json.dumps(lowered_parameters(tool, options, listed_only=True))
         rules.append(f'call_body_{i}: {literal(head)} %json {schema} "}}" {literal(fmt.call_close, specials)}')
         names.append(f"call_body_{i}")
     rules.append("call_body: " + " | ".join(names))

@@ -173,3 +173,28 @@ def test_the_trailer_stop_joins_the_requests_own():
     assert with_trailer_stop({}, hermes.FORMAT) == {"stop_regex": [stop]}
     assert with_trailer_stop({"stop_regex": "x+"}, hermes.FORMAT) == {"stop_regex": ["x+", stop]}
     assert with_trailer_stop({"stop_regex": ["a", "b"]}, hermes.FORMAT) == {"stop_regex": ["a", "b", stop]}
+
+
+def test_calls_hold_only_the_declared_arguments(llg_backend, byte_tokenizer):
+    """Tool arguments are closed where the schema lists `properties` and says nothing else about other keys
+    (a handler's `f(**args)` fails on an undeclared one); an explicit additionalProperties schema still
+    admits other keys, and response_format schemas stay JSON Schema's open objects."""
+    from radixlm.tools.grammar import lowered_parameters
+    from radixlm.tools.spec import ToolSpec
+
+    def tool(params):
+        return [{"type": "function", "function": {"name": "f", "parameters": params}}]
+
+    def call(args):
+        return '<tool_call>\n{"name": "f", "arguments": %s}\n</tool_call>' % json.dumps(args)
+
+    nested = {"type": "object", "properties": {"a": {"type": "integer"}, "o": {"type": "object", "properties": {
+        "x": {"type": "string"}}}}}
+    grammar = _grammar("required", tools=tool(nested))
+    assert _takes(llg_backend, byte_tokenizer, grammar, call({"a": 1, "o": {"x": "y"}}))
+    assert not _takes(llg_backend, byte_tokenizer, grammar, call({"a": 1, "b": 2}))
+    assert not _takes(llg_backend, byte_tokenizer, grammar, call({"a": 1, "o": {"x": "y", "z": 1}}))
+    open_map = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}}
+    assert _takes(llg_backend, byte_tokenizer, _grammar("required", tools=tool(open_map)), call({"a": 1, "b": 2}))
+    as_response_format = lowered_parameters(ToolSpec("response_format", "", nested), GrammarOptions())
+    assert "additionalProperties" not in as_response_format

@@ -3,7 +3,7 @@
 compiled as the server does (llguidance, the real SmolLM2 tokenizer and its tool-call format): every set is
 taken unless one of its functions admits no arguments at all, and then the 400 names that function; every
 right answer BFCL publishes is accepted by the grammar token by token and comes back from the parser as
-the same calls; the same answer missing a required argument is not."""
+the same calls; the same answer missing a required argument, or with an undeclared one, is not."""
 
 from __future__ import annotations
 
@@ -72,11 +72,28 @@ def _call_text(plan, ts, calls) -> str:
                                    for name, args in calls) + fmt.close
 
 
+def _listed_only(schema):
+    """The schema as tool grammars read it: an object listing `properties` (and no other key rule) takes
+    only those (BFCL's schemas use no combinators, so a walk over properties and items covers them)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _listed_only(v) for k, v in out["properties"].items()}
+        if "additionalProperties" not in out and "patternProperties" not in out:
+            out["additionalProperties"] = False
+    if isinstance(out.get("items"), dict):
+        out["items"] = _listed_only(out["items"])
+    return out
+
+
 def _valid_answer(ts) -> list | None:
+    """BFCL's answer when it is a valid call: valid against the schema, with no undeclared argument (3 of
+    BFCL's answers name one, e.g. `journey_start_time` for a function without it)."""
     calls = answer_calls(ts)
     if calls is None:
         return None
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in ts.tools}
+    schemas = {t["function"]["name"]: _listed_only(t["function"]["parameters"]) for t in ts.tools}
     ok = all(jsonschema.Draft202012Validator(schemas[n]).is_valid(a) for n, a in calls)
     return calls if ok else None
 
@@ -116,7 +133,8 @@ def test_every_right_answer_matches_the_grammar_and_parses_back(tool_sets, compi
     assert checked >= MIN_ANSWERS
 
 
-def test_an_answer_missing_a_required_argument_is_refused(tool_sets, compiled, tokenizer):
+def test_an_answer_missing_a_required_argument_or_with_an_undeclared_one_is_refused(tool_sets, compiled,
+                                                                                     tokenizer):
     checked = 0
     for ts, got in zip(tool_sets, compiled):
         calls = _valid_answer(ts) if not isinstance(got, InvalidRequestError) else None
@@ -128,6 +146,8 @@ def test_an_answer_missing_a_required_argument_is_refused(tool_sets, compiled, t
             continue
         broken = [(name, {k: v for k, v in args.items() if k != required[0]})] + calls[1:]
         assert not _matches(got[1], tokenizer, _call_text(got[0], ts, broken)), ts.id
+        extra = [(name, {**args, "undeclared_argument": 1})] + calls[1:]
+        assert not _matches(got[1], tokenizer, _call_text(got[0], ts, extra)), ts.id
         checked += 1
     assert checked >= MIN_ANSWERS // 2
 
