@@ -304,7 +304,7 @@ def lower_schema(spec: str, options: GrammarOptions, target: str, listed_only: b
     lowerer.check_one_ofs()
     schema, notes, empty_enum = emit(lowered, lowerer.defs, target, listed_only)
     if is_never(schema):
-        why = lowerer.conflict or (f"no value of the enum at {empty_enum} matches its other keywords" if empty_enum else "")
+        why = lowerer.conflict or (empty_enum and f"no value of the enum at {empty_enum} matches its other keywords")
         raise _err("schema admits no value" + (f" ({why})" if why else ""))
     approximations = tuple(dict.fromkeys(lowerer.notes + notes))
     return LoweredSchema(schema, approximations)
