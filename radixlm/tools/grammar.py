@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.errors import GrammarError
 from radixlm.errors import InvalidRequestError
+from radixlm.sampling_params import MAX_STOP_STRINGS
 from radixlm.tools.parsers.base import ToolFormat
 from radixlm.tools.spec import ToolRequest, ToolSpec
 
@@ -83,7 +84,11 @@ def with_trailer_stop(params: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]
     if stop is None:
         return {}
     own = params.get("stop_regex") or []
-    return {"stop_regex": [*([own] if isinstance(own, str) else own), stop]}
+    own = [own] if isinstance(own, str) else list(own)
+    if len(own) >= MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"at most {MAX_STOP_STRINGS - 1} stop regexes with tools (the tool-call "
+                                  "grammar adds one)", param="stop_regex")
+    return {"stop_regex": [*own, stop]}
 
 
 def _next_call_start(fmt: ToolFormat) -> str:

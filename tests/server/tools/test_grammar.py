@@ -173,6 +173,9 @@ def test_the_trailer_stop_joins_the_requests_own():
     assert with_trailer_stop({}, hermes.FORMAT) == {"stop_regex": [stop]}
     assert with_trailer_stop({"stop_regex": "x+"}, hermes.FORMAT) == {"stop_regex": ["x+", stop]}
     assert with_trailer_stop({"stop_regex": ["a", "b"]}, hermes.FORMAT) == {"stop_regex": ["a", "b", stop]}
+    with pytest.raises(InvalidRequestError) as info:  # the request's own 16 would become 17: said plainly
+        with_trailer_stop({"stop_regex": ["x"] * 16}, hermes.FORMAT)
+    assert info.value.param == "stop_regex" and "at most 15" in str(info.value)
 
 
 def test_calls_hold_only_the_declared_arguments(llg_backend, byte_tokenizer):
