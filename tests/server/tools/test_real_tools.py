@@ -165,3 +165,22 @@ def test_auto_mode_takes_text_then_the_calls(tool_sets, tokenizer, backend):
         assert [c.name for c in plan.accepted_calls(text)] == [n for n, _ in calls], ts.id
         checked += 1
     assert checked >= MIN_ANSWERS // AUTO_EVERY - 10
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_the_other_families_take_the_right_answers(tool_sets, tokenizer, backend, family):
+    """The same answers in the llama3 (`<|python_tag|>{...};{...}`) and mistral (`[TOOL_CALLS][{...}]`)
+    call syntax, on an evenly spaced sample of the sets."""
+    checked = 0
+    for ts in tool_sets[::AUTO_EVERY]:
+        calls = _valid_answer(ts)
+        if calls is None or _unsatisfiable(ts):
+            continue
+        plan = plan_tools({"tools": list(ts.tools), "tool_choice": "required"}, tokenizer, family, GRAMMAR_BACKEND,
+                          GrammarOptions())
+        assert plan.fmt.name == family
+        text = _call_text(plan, ts, calls)
+        assert _matches(backend.compile("ebnf", plan.grammar), tokenizer, text), (ts.id, text[:300])
+        assert [(c.name, json.loads(c.arguments)) for c in plan.accepted_calls(text)] == calls, ts.id
+        checked += 1
+    assert checked >= MIN_ANSWERS // AUTO_EVERY - 10
