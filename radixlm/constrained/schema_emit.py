@@ -203,11 +203,12 @@ class _Emitter:
         return self._drop_inexact(out, path)
 
     def _xgrammar_patterns(self, out: dict[str, Any], path: str) -> None:
-        """xgrammar checks a key against the first of `properties` and its key patterns that matches it,
-        and reads a pattern's `false` as an error: where JSON Schema needs more, the lowering says so."""
+        """xgrammar lets a key take the schema of one pattern it matches alone (a listed property's key too,
+        measured on the JSON-Schema-Test-Suite), and reads a pattern's `false` as an error: where JSON Schema
+        needs more, the lowering says so."""
         patterns = out["patternProperties"]
         if len(patterns) > 1:
-            self.notes.append(f"patternProperties at {path} (several key patterns: a key takes the first)")
+            self.notes.append(f"patternProperties at {path} (several key patterns: a key may satisfy one only)")
         for pattern in [p for p, sub in patterns.items() if is_never(sub)]:
             self.notes.append(f"patternProperties at {path} (a key pattern no value may take, dropped)")
             del patterns[pattern]
