@@ -1,8 +1,8 @@
 """Tiny model and tokenizer factories for tests and examples (shipped, so users can reproduce bugs).
 
 Everything here is built locally in a second: a byte-level BPE tokenizer trained with `tokenizers`
-on a small text, and random-weight transformers checkpoints (Llama, Qwen2, Qwen3, Mistral) saved as
-safetensors. Nothing is downloaded.
+on a small text, and random-weight transformers checkpoints (Llama, Qwen2, Qwen3, Mistral, Phi-3,
+Gemma-3 text) saved as safetensors. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -73,16 +73,34 @@ def _config(arch: str, vocab_size: int, eos_id: int, bos_id: int, **overrides):
         bos_token_id=bos_id,
         eos_token_id=eos_id,
     )
+    common.update(_ARCH_DEFAULTS.get(arch, {}))
     common.update(overrides)
     cls = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mistral": transformers.MistralConfig,
+        "phi3": transformers.Phi3Config,
+        "gemma3": transformers.Gemma3TextConfig,
     }[arch]
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
     return cls(**common)
+
+
+# What the tiny checkpoints of these architectures set beyond the common sizes: Gemma-3's attention scale
+# differs from head_dim ** -0.5, its sliding layers have their own rotary base and both layer types occur.
+_ARCH_DEFAULTS: dict[str, dict] = {
+    "phi3": {"pad_token_id": None},
+    "gemma3": {"query_pre_attn_scalar": 24, "rope_local_base_freq": 100.0, "sliding_window": 128,
+               "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True},
+}
+# Architectures whose tiny checkpoints get random norm weights too (Gemma's scale by 1 + weight would
+# otherwise go untested; the older architectures keep their checkpoints as they were).
+_RANDOM_NORM_ARCHS = ("phi3", "gemma3")
+# Gemma multiplies the embeddings by sqrt(hidden_size): at std 1 they would drown every layer's output
+# and each step would repeat the token whose (tied) embedding is nearest.
+_EMBED_STD = {"gemma3": 0.03}
 
 
 def build_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int = 0, **config_overrides) -> Path:
@@ -104,14 +122,18 @@ def build_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int 
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
         "mistral": transformers.MistralForCausalLM,
+        "phi3": transformers.Phi3ForCausalLM,
+        "gemma3": transformers.Gemma3ForCausalLM,
     }[arch]
     model = model_cls(config).to(torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                p.normal_(0.0, 0.08 if "embed" not in name else 1.0)
+                p.normal_(0.0, 0.08 if "embed" not in name else _EMBED_STD.get(arch, 1.0))
             elif "bias" in name:
                 p.normal_(0.0, 0.05)
+            elif "norm" in name and arch in _RANDOM_NORM_ARCHS:
+                p.add_(torch.randn_like(p), alpha=0.2)  # around their init (1, Gemma's 0)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)

@@ -44,3 +44,13 @@ def tiny_qwen3_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_mistral_dir(tmp_path_factory):
     return _build(tmp_path_factory, "mistral")
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3_dir(tmp_path_factory):
+    return _build(tmp_path_factory, "phi3")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory):
+    return _build(tmp_path_factory, "gemma3")

@@ -2,7 +2,8 @@
 
 Runs in the scheduler process (model runner) on CUDA; tests run it under TRITON_INTERPRET=1 on CPU.
 One query token per request: q [B, Hq, D] attends to the seq_lens[b] keys at slots
-req_to_token[req_pool_indices[b], 0:seq_len] (the new token's K/V are already stored).
+req_to_token[req_pool_indices[b], 0:seq_len] (the new token's K/V are already stored); with a sliding
+window W > 0, to the last min(W, seq_len) of them only.
 Stage 1: grid (B, Hk, num_kv_splits). Each program takes one KV head and one slice of the sequence and
 handles all Hq/Hk query heads of that group at once, so each K/V row is read from memory once per KV
 head (GQA grouping). It writes a partial output and its log-sum-exp (base 2) per split.
@@ -25,7 +26,7 @@ from radixlm.kernels._triton import (
 def _decode_stage1_body(
     q_ptr, k_buf_ptr, v_buf_ptr, mid_o_ptr, mid_lse_ptr,
     req_to_token_ptr, req_pool_idx_ptr, seq_lens_ptr,
-    sm_scale_log2, head_dim, kv_group, num_splits,
+    sm_scale_log2, head_dim, kv_group, num_splits, window,
     stride_qb, stride_qh, stride_bs, stride_bh, stride_r2t, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -35,8 +36,9 @@ def _decode_stage1_body(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     req_row = tl.load(req_pool_idx_ptr + b).to(tl.int64) * stride_r2t
-    split_len = tl.cdiv(seq_len, num_splits)
-    split_start = split * split_len
+    kv_start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # window 0: the whole sequence
+    split_len = tl.cdiv(seq_len - kv_start, num_splits)
+    split_start = kv_start + split * split_len
     split_end = tl.minimum(split_start + split_len, seq_len)
 
     g = tl.arange(0, BLOCK_H)
@@ -127,10 +129,10 @@ def _check(q, k_buffer, v_buffer, output, req_to_token, req_pool_indices, seq_le
 def decode_attention(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, output: torch.Tensor,
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
-    num_kv_splits: int = 8, block_n: Optional[int] = None,
+    num_kv_splits: int = 8, block_n: Optional[int] = None, window: int = 0,
 ) -> torch.Tensor:
     """Write decode attention into output [B, Hq, D] and return it. Rows with seq_lens[b] == 0 (padding
-    of a CUDA-graph batch) get zeros.
+    of a CUDA-graph batch) get zeros. window > 0: each row attends to its last `window` keys only.
 
     No host synchronisation: safe to capture in a CUDA graph (the scratch buffers come from the
     caching allocator, which graph capture supports).
@@ -148,7 +150,7 @@ def decode_attention(
     extra = {} if interpreting() else {"num_warps": 4, "num_stages": 2}
     _decode_stage1_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, mid_o, mid_lse, req_to_token, req_pool_indices, seq_lens,
-        sm_scale * math.log2(math.e), head_dim, num_heads // num_kv_heads, num_kv_splits,
+        sm_scale * math.log2(math.e), head_dim, num_heads // num_kv_heads, num_kv_splits, window,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         BLOCK_H=max(16, next_pow2(num_heads // num_kv_heads)), BLOCK_N=block_n, BLOCK_D=block_d,
@@ -165,13 +167,14 @@ def decode_attention(
 
 def decode_attention_reference(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float, window: int = 0,
 ) -> torch.Tensor:
     """Torch reference: per request, gather K/V through the slot table, plain softmax in fp32."""
     output = torch.empty_like(q)
     group = q.shape[1] // k_buffer.shape[1]
     for b in range(q.shape[0]):
-        slots = req_to_token[int(req_pool_indices[b]), :int(seq_lens[b])].long()
+        start = max(0, int(seq_lens[b]) - window) if window > 0 else 0
+        slots = req_to_token[int(req_pool_indices[b]), start:int(seq_lens[b])].long()
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [S, Hq, D]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
         probs = (torch.einsum("hd,shd->hs", q[b].float(), k) * sm_scale).softmax(dim=-1)

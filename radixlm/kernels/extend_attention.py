@@ -5,7 +5,8 @@ A ragged batch of B requests: request b has prefix_lens[b] tokens already in the
 extend_len = seq_lens[b] - prefix_lens[b] new tokens, whose queries sit at rows
 extend_start_loc[b] .. + extend_len of q [T, Hq, D]. The caller has already stored the new tokens' K/V
 (store_kv), so every key of request b — cached prefix and new tokens — is read from the pool through
-req_to_token[req_pool_indices[b], 0:seq_len]. New token i (position prefix + i) sees keys 0..prefix+i.
+req_to_token[req_pool_indices[b], 0:seq_len]. New token i (position prefix + i) sees keys 0..prefix+i;
+with a sliding window W > 0, keys prefix+i-W+1..prefix+i only.
 Softmax and accumulation are fp32 (flash-attention online softmax, base 2).
 """
 
@@ -24,7 +25,7 @@ from radixlm.kernels._triton import (
 def _extend_attention_body(
     q_ptr, k_buf_ptr, v_buf_ptr, out_ptr,
     req_to_token_ptr, req_pool_idx_ptr, seq_lens_ptr, prefix_lens_ptr, start_loc_ptr,
-    sm_scale_log2, head_dim, kv_group,
+    sm_scale_log2, head_dim, kv_group, window,
     stride_qt, stride_qh, stride_bs, stride_bh, stride_ot, stride_oh, stride_r2t,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -50,10 +51,14 @@ def _extend_attention_body(
     # causal: this row block never needs keys past its last row; blocks past extend_len do no work
     kv_end = prefix_len + tl.minimum(extend_len, (m_block + 1) * BLOCK_M)
     kv_end = tl.where(m_block * BLOCK_M < extend_len, kv_end, 0)
+    # sliding window: the block's first row sees nothing before its window (window 0: the whole prefix)
+    kv_lo = tl.where(window > 0, tl.maximum(prefix_len + m_block * BLOCK_M - window + 1, 0), 0)
+    kv_lo = (kv_lo // BLOCK_N) * BLOCK_N  # block-aligned slot loads; the mask below hides the extra keys
+    lo_pos = tl.where(window > 0, q_pos - window, -1)  # each row sees keys after this position
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n_start in range(0, kv_end, BLOCK_N):
+    for n_start in range(kv_lo, kv_end, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
         n_mask = n < kv_end
         slots = tl.load(req_to_token_ptr + req_row + n, mask=n_mask, other=0).to(tl.int64)
@@ -61,11 +66,14 @@ def _extend_attention_body(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_buf_ptr + kv_off, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2
-        # key 0 is visible to every row, so each row's max is finite after the first block (no NaN)
-        qk = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], qk, float("-inf"))
+        visible = (n[None, :] <= q_pos[:, None]) & (n[None, :] > lo_pos[:, None]) & n_mask[None, :]
+        qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        # A row can see no key of a block (a window starting past it): its max is still -inf, and
+        # exp2(-inf - -inf) would be NaN. Subtracting 0 instead leaves its sums at 0.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_sub)
+        p = tl.exp2(qk - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_buf_ptr + kv_off, mask=kv_mask, other=0.0).to(DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -111,8 +119,10 @@ def extend_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     prefix_lens: torch.Tensor, extend_start_loc: torch.Tensor, sm_scale: float,
     max_extend_len: Optional[int] = None, block_m: Optional[int] = None, block_n: Optional[int] = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Write attention of the new tokens into output [T, Hq, D] and return it (see module docstring).
+    window > 0: a sliding window of that many keys per token.
 
     max_extend_len: the largest extend length, if the caller knows it on the host (saves a device sync).
     """
@@ -130,7 +140,7 @@ def extend_attention(
     extra = {} if interpreting() else {"num_warps": 4, "num_stages": 2}
     _extend_attention_kernel[grid](
         q, k_buffer, v_buffer, output, req_to_token, req_pool_indices, seq_lens, prefix_lens,
-        extend_start_loc, sm_scale * math.log2(math.e), head_dim, num_heads // k_buffer.shape[1],
+        extend_start_loc, sm_scale * math.log2(math.e), head_dim, num_heads // k_buffer.shape[1], window,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), output.stride(0), output.stride(1),
         req_to_token.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(head_dim)),
@@ -142,9 +152,10 @@ def extend_attention(
 def extend_attention_reference(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, prefix_lens: torch.Tensor,
-    extend_start_loc: torch.Tensor, sm_scale: float,
+    extend_start_loc: torch.Tensor, sm_scale: float, window: int = 0,
 ) -> torch.Tensor:
-    """Torch reference: per request, gather K/V through the slot table, causal mask offset by prefix, fp32."""
+    """Torch reference: per request, gather K/V through the slot table, causal mask offset by prefix (and
+    the sliding window, window > 0), fp32."""
     output = torch.empty_like(q)
     group = q.shape[1] // k_buffer.shape[1]
     for b in range(req_pool_indices.shape[0]):
@@ -156,7 +167,8 @@ def extend_attention_reference(
         qb = q[start:start + extend_len].float()  # [E, Hq, D]
         scores = torch.einsum("ehd,shd->hes", qb, k) * sm_scale
         q_pos = torch.arange(prefix_len, seq_len, device=q.device)[:, None]
-        visible = torch.arange(seq_len, device=q.device)[None, :] <= q_pos  # [E, S]
+        kv_pos = torch.arange(seq_len, device=q.device)[None, :]
+        visible = (kv_pos <= q_pos) & ((kv_pos > q_pos - window) if window > 0 else True)  # [E, S]
         probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
         output[start:start + extend_len] = torch.einsum("hes,shd->ehd", probs, v).to(q.dtype)
     return output

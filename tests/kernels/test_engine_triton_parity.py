@@ -28,6 +28,20 @@ def test_greedy_parity_with_triton_attention(tiny_llama_dir, device):
         engine.check_integrity()
 
 
+def test_gemma3_sliding_window_with_triton_attention(tmp_path, device):
+    """Gemma-3 with a 4-token window on its sliding layers, sequences past it: the kernels' window."""
+    from radixlm.runtime.engine import Engine
+    from radixlm.testing import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path, arch="gemma3", sliding_window=4)
+    expected = hf_greedy_ids(model_dir, PROMPTS, NEW_TOKENS)
+    with Engine(str(model_dir), attention_backend="triton", device=str(device), dtype="float32",
+                max_total_tokens=512, chunked_prefill_size=8) as engine:
+        res = engine.generate(PROMPTS, {"max_new_tokens": NEW_TOKENS, "temperature": 0})
+        assert [r["output_ids"] for r in res] == expected
+        engine.check_integrity()
+
+
 def test_greedy_parity_through_decode_graphs(tiny_llama_dir, device):
     """Decode steps replayed through the graph runner's static, padded buffers give the same outputs.
 

@@ -85,3 +85,13 @@ def test_padding_rows_with_no_keys_output_zeros(device, paged_batch, tol):
     out = _run(batch, 4)
     torch.testing.assert_close(out, _reference(batch), **tol(torch.float32))
     assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+@pytest.mark.parametrize("window", [1, 5, 19])
+def test_decode_sliding_window_matches_reference(device, paged_batch, tol, window):
+    batch = _decode_batch(paged_batch, [20, 1, 6, 17], 2, 3, 64, torch.float32, device)
+    for splits in (1, 3):
+        out = _run(batch, splits, block_n=16, window=window)
+        ref = decode_attention_reference(batch.q, batch.k_buffer, batch.v_buffer, batch.req_to_token,
+                                         batch.req_pool_indices, batch.seq_lens, 0.125, window=window)
+        torch.testing.assert_close(out, ref, **tol(torch.float32))

@@ -76,3 +76,16 @@ def test_rejects_dtype_mismatch(device, paged_batch):
     with pytest.raises(AssertionError):
         extend_attention(batch.q.double(), batch.k_buffer, batch.v_buffer, batch.q.double(), batch.req_to_token,
                          batch.req_pool_indices, batch.seq_lens, batch.prefix_lens, batch.extend_start_loc, 0.1)
+
+
+@pytest.mark.parametrize("window", [1, 4, 13])
+def test_extend_sliding_window_matches_reference(device, paged_batch, tol, window):
+    """Windows shorter than a key block and than the prefix: whole key blocks a row cannot see (its max
+    stays -inf there) must leave its sums untouched, not NaN."""
+    batch = _stored(paged_batch([0, 7, 19, 12], [20, 1, 9, 4], 1, 3, 64, torch.float32, device))
+    out = _run(batch, block_m=16, block_n=4, window=window)
+    ref = extend_attention_reference(batch.q, batch.k_buffer, batch.v_buffer, batch.req_to_token,
+                                     batch.req_pool_indices, batch.seq_lens, batch.prefix_lens,
+                                     batch.extend_start_loc, 0.125, window=window)
+    torch.testing.assert_close(out, ref, **tol(torch.float32))
+    assert not torch.equal(ref, _reference(batch))  # the window changed something

@@ -71,18 +71,20 @@ def test_resolve_directory_and_errors(tiny_llama_dir: Path, tmp_path: Path) -> N
         resolve_model_path(tmp_path / "weights.bin")
 
 
-def test_gguf_converted_once_into_cache(llama_gguf: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gguf_prepared_once_into_cache(llama_gguf: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = resolve_model_path(llama_gguf)
     assert out.parent == cache / "gguf" and out.name.startswith("tiny-llama-")
     assert load_hf_config(out)["architectures"] == ["LlamaForCausalLM"]
-    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    assert gguf_loader.gguf_source(out) == llama_gguf.resolve()  # the weights stay in the GGUF
+    assert not list(out.glob("*.safetensors"))
+    mtime = (out / gguf_loader.GGUF_MARKER).stat().st_mtime_ns
 
     def forbidden(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("reconverted")
+        raise AssertionError("prepared again")
 
-    monkeypatch.setattr(gguf_loader, "convert_gguf", forbidden)
+    monkeypatch.setattr(gguf_loader, "prepare_gguf", forbidden)
     assert resolve_model_path(llama_gguf) == out
-    assert (out / "model.safetensors").stat().st_mtime_ns == mtime
+    assert (out / gguf_loader.GGUF_MARKER).stat().st_mtime_ns == mtime
     assert [p.name for p in cache.joinpath("gguf").iterdir() if p.is_dir()] == [out.name]  # no temp dirs left
 
 
@@ -95,15 +97,15 @@ def test_changed_gguf_gets_a_new_cache_entry(llama_gguf: Path, tmp_path: Path) -
     assert resolve_model_path(copy, cache_dir=tmp_path / "c") != first
 
 
-def test_concurrent_conversions_convert_once(llama_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_preparations_prepare_once(llama_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = gguf_loader._write_weights
+    real = gguf_loader._write_tokenizer
 
     def counting(*args: Any, **kwargs: Any) -> None:
         calls.append(1)
         real(*args, **kwargs)
 
-    monkeypatch.setattr(gguf_loader, "_write_weights", counting)
+    monkeypatch.setattr(gguf_loader, "_write_tokenizer", counting)
     results: list[Path] = []
     # flock locks belong to open file descriptions, so threads exclude each other like processes do.
     threads = [threading.Thread(target=lambda: results.append(resolve_model_path(llama_gguf, tmp_path))) for _ in range(3)]
@@ -132,8 +134,8 @@ def test_unsupported_tensor_type_and_name(tiny_llama_dir: Path, tmp_path: Path) 
     block_len, block_bytes = GGML_QUANT_SIZES[Q.Q8_1]  # ffn_up is [128, 64]: a row is 64 // block_len blocks
     q8_1 = np.zeros((128, 64 // block_len * block_bytes), dtype=np.uint8)
     bad = write_gguf(tiny_llama_dir, tmp_path / "a.gguf", raw={"blk.0.ffn_up.weight": (q8_1, Q.Q8_1)})
-    with pytest.raises(ValueError, match="blk.0.ffn_up.weight.*Q8_1"):
-        resolve_model_path(bad, cache_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match="blk.0.ffn_up.weight.*Q8_1"):  # the fp32 conversion (default model)
+        gguf_loader.convert_gguf(bad, tmp_path / "c" / "gguf" / "a", progress=False)
     _assert_failed_cleanly(tmp_path / "c")
 
     def extra(writer: Any, cfg: dict) -> None:

@@ -110,14 +110,17 @@ def test_int4_kernel_computes_q_minus_8_times_scale_plus_zero():
 
 def test_bad_quantization_options_are_clear():
     cpu = torch.device("cpu")
-    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, int4; got 'fp8'"):
-        resolve_quantization("fp8", cpu, 1, None)
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, int4, gguf; got 'fp8'"):
+        resolve_quantization("fp8", cpu, 1, False)
     with pytest.raises(ValueError, match="CPU only"):
-        resolve_quantization("int8", torch.device("cuda"), 1, None)
+        resolve_quantization("int8", torch.device("cuda"), 1, False)
     with pytest.raises(ValueError, match="tp_size"):
-        resolve_quantization("int4", cpu, 2, None)
-    assert resolve_quantization("auto", torch.device("cuda"), 1, "int4") == "none"
-    assert resolve_quantization("auto", cpu, 1, "int8") == "int8"
+        resolve_quantization("int4", cpu, 2, False)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        resolve_quantization("gguf", cpu, 1, False)
+    assert resolve_quantization("auto", torch.device("cuda"), 1, True) == "none"
+    assert resolve_quantization("auto", cpu, 1, True) == "gguf"
+    assert resolve_quantization("auto", cpu, 2 - 1, False) == "none"
 
 
 def test_engine_rejects_unknown_quantization(tiny_llama_dir):
@@ -174,7 +177,7 @@ def test_gguf_4bit_blocks_load_exactly_as_int4(tmp_path):
         torch.testing.assert_close(w, dense[name], rtol=1e-5, atol=1e-6)  # the same values (q/k unpermuted)
 
 
-def test_engine_on_4bit_gguf_takes_the_blocks(tmp_path, caplog, monkeypatch):
+def test_int4_on_a_4bit_gguf_takes_the_blocks(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))  # the GGUF's conversion goes there
     from gguf import GGMLQuantizationType as Q
 
@@ -184,7 +187,7 @@ def test_engine_on_4bit_gguf_takes_the_blocks(tmp_path, caplog, monkeypatch):
     src = build_tiny_model(tmp_path / "src", "llama")
     path = write_gguf(src, tmp_path / "m.gguf", "llama", qtype=lambda name, w: Q.Q4_0)
     with caplog.at_level(logging.INFO, logger="radixlm.runtime.model.quant.setup"):
-        with Engine(str(path), max_total_tokens=256) as engine:  # auto: a 4-bit GGUF stays 4-bit
+        with Engine(str(path), max_total_tokens=256, quantization="int4") as engine:
             assert engine.get_server_info()["quantization"] == "int4"
             out = engine.generate("Hello", {"max_new_tokens": 4, "temperature": 0})
             assert len(out["output_ids"]) == 4
@@ -222,17 +225,6 @@ def test_avx2_path_forced_in_a_subprocess(tiny_llama_dir):
     assert got["capability"] == "AVX2" and not got["native_bf16"]
     assert got["dtype"] == "float32" and got["quantization"] == "int8" and got["tokens"] == 4
     assert all(err < 4 * BF16_EPS for err in got["errs"].values()), got["errs"]
-
-
-def test_gguf_mode_follows_the_linear_weights_type(tiny_llama_dir, tmp_path):
-    from gguf import GGMLQuantizationType as Q
-
-    from radixlm.runtime.model.quant.setup import gguf_linear_mode
-    from tests.runtime.test_gguf_loader import write_gguf
-
-    for qtype, mode in ((Q.Q8_0, "int8"), (Q.Q4_1, "int4"), (Q.F16, None)):
-        path = write_gguf(tiny_llama_dir, tmp_path / f"{qtype.name}.gguf", "llama", qtype=lambda n, w: qtype)
-        assert gguf_linear_mode(path) == mode
 
 
 def _random_llama(tie: bool):

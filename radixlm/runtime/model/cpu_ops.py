@@ -8,7 +8,8 @@ compiler, or with RADIXLM_CPU_OPS=0, every module keeps its torch code.
 
 The modules hold the ops namespace as an attribute (`native`) rather than looking it up per call:
   RMSNorm (the decoder's two a layer and the final one; Qwen3's q/k norms run on strided views: torch)
-  Attention (decode steps: rotary + K/V store; not with Qwen3's q/k norms, which come before the rotary)
+  Attention (decode steps: rotary + K/V store; not with q/k norms, which come before the rotary, nor with
+             partial rotary)
   DecoderLayer (silu(gate) * up; and a one-token decode step as one op, decode_layer, with fp32 weights in
                any layout of weight_layout.py, and int8 weights through their tiled copy; not int4)
 and TorchAttentionBackend(ops) runs decode rows with the paged decode attention. Once the KV pool exists,
@@ -47,7 +48,7 @@ def apply_cpu_ops(model: nn.Module, ops) -> None:
     """Give the model's modules the compiled ops (see the module docstring); in place."""
     for layer in model.layers:
         layer.input_layernorm.native = layer.post_attention_layernorm.native = ops
-        if layer.self_attn.q_norm is None:
+        if layer.self_attn.compiled_rotary:
             layer.self_attn.native = ops
             layer.decode_weights = one_row_weights(layer)
         layer.native = ops

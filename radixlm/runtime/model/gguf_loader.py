@@ -1,9 +1,13 @@
-"""GGUF file -> HF-format model directory (config.json + float32 safetensors + tokenizer files).
+"""GGUF file -> an HF-format model directory: config.json, tokenizer files and where the weights are.
+
+prepare_gguf (every GGUF a user passes): the directory holds config.json, the tokenizer and
+GGUF_MARKER naming the GGUF file, whose weights the scheduler then reads in place (gguf_model.py): no copy of
+the weights is written. convert_gguf (the default model only, whose tests compare with transformers on the
+same fp32 files): the directory also holds the weights dequantized to float32 safetensors.
 
 Runs once per GGUF file, in whichever process first resolves the model (the user's process, the
-engine, or the scheduler process); every later load reads the cached directory with mmap'd
-safetensors instead of dequantizing again. Conversion is atomic (written into a temp dir beside the
-target, then renamed) and serialized across processes by an fcntl file lock.
+engine, or the scheduler process). Writing is atomic (a temp dir beside the target, then renamed) and
+serialized across processes by an fcntl file lock.
 
 Tensors are read with gguf.GGUFReader and dequantized with gguf.quants.dequantize (F32, F16, BF16,
 Q8_0, Q4_0, Q4_1, Q5_*, K-quants, IQ*: whatever the package implements). llama.cpp names are mapped
@@ -27,30 +31,17 @@ from radixlm.runtime.model.loader import atomic_output_dir, file_lock
 logger = logging.getLogger(__name__)
 
 # Bump when the output format changes, so cached conversions from an older radixlm are redone.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
+# The file in a prepared directory that names its GGUF (JSON: {"gguf": absolute path}).
+GGUF_MARKER = "gguf.json"
 
 # Converted weights are written in shards of at most this many bytes (peak memory while converting).
 SHARD_BYTES = 2 << 30
 
 from radixlm.runtime.model.gguf_meta import (  # noqa: F401 (re-exported)
-    _NON_PARAMETER_TENSORS, SUPPORTED_ARCHS, build_hf_config, dequantize_tensor, gguf_arch, hf_tensor_name, read_field,
+    NON_PARAMETER_TENSORS, SUPPORTED_ARCHS, build_hf_config, dequantize_tensor, gguf_arch, hf_tensor_name, read_field,
     unpermute_qk,
 )
-
-
-def iter_hf_tensors(reader: Any, arch: str, n_head: int, n_head_kv: int, progress: bool) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (HF name, float32 array) for every parameter tensor in the GGUF, q/k unpermuted for llama."""
-    from tqdm.auto import tqdm
-
-    tensors = [t for t in reader.tensors if t.name not in _NON_PARAMETER_TENSORS]
-    for t in tqdm(tensors, desc="Dequantizing GGUF", unit="tensor", disable=None if progress else True):
-        name = hf_tensor_name(t.name)
-        values = dequantize_tensor(t)
-        if arch == "llama" and ".self_attn.q_proj." in name:
-            values = unpermute_qk(values, n_head)
-        elif arch == "llama" and ".self_attn.k_proj." in name:
-            values = unpermute_qk(values, n_head_kv)
-        yield name, values
 
 
 def _save_part(tensors: dict[str, Any], out_dir: Path, index: int) -> list[str]:
@@ -74,19 +65,23 @@ def _name_shards(out_dir: Path, groups: list[list[str]], total_bytes: int) -> No
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def _write_weights(reader: Any, arch: str, config: Any, out_dir: Path, progress: bool) -> None:
+def _write_weights(reader: Any, config: Any, out_dir: Path, progress: bool) -> None:
     """Dequantize into float32 safetensors, in shards of at most SHARD_BYTES so big models fit in RAM."""
     import torch
+    from tqdm.auto import tqdm
+
+    from radixlm.runtime.model.gguf_model import iter_dequantized
 
     groups: list[list[str]] = []
     pending: dict[str, torch.Tensor] = {}
     pending_bytes = total_bytes = 0
-    n_head, n_head_kv = config.num_attention_heads, config.num_key_value_heads
-    for name, values in iter_hf_tensors(reader, arch, n_head, n_head_kv, progress):
+    tensors = tqdm(iter_dequantized(reader, config), desc="Dequantizing GGUF", unit="tensor",
+                   total=len(reader.tensors), disable=None if progress else True)
+    for name, values in tensors:
         if pending and pending_bytes + values.nbytes > SHARD_BYTES:
             groups.append(_save_part(pending, out_dir, len(groups)))
             pending, pending_bytes = {}, 0
-        pending[name] = torch.from_numpy(values)
+        pending[name] = values
         pending_bytes += values.nbytes
         total_bytes += values.nbytes
     groups.append(_save_part(pending, out_dir, len(groups)))
@@ -123,8 +118,47 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
         arch = gguf_arch(reader)
         config = build_hf_config(reader, arch)
         with atomic_output_dir(out) as tmp:
-            _write_weights(reader, arch, config, tmp, progress)
+            _write_weights(reader, config, tmp, progress)
             _write_tokenizer(src, tmp, read_field(reader, "tokenizer.chat_template"))
             GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
             config.save_pretrained(str(tmp))  # last: config.json marks a complete directory
     return out
+
+
+def prepare_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write out_dir's config, tokenizer and GGUF_MARKER for gguf_path (once; a no-op if it exists).
+
+    Raises FileNotFoundError for a missing file and ValueError for an unsupported architecture.
+    """
+    import gguf
+    from transformers import GenerationConfig
+
+    src, out = Path(gguf_path).resolve(), Path(out_dir)
+    if not src.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {src}")
+    with file_lock(out.with_name(out.name + ".lock")):
+        if (out / "config.json").is_file():  # another process finished while we waited
+            return out
+        reader = gguf.GGUFReader(str(src))
+        arch = gguf_arch(reader)
+        config = build_hf_config(reader, arch)
+        for t in reader.tensors:  # every name maps, or the error comes now rather than at load
+            if t.name not in NON_PARAMETER_TENSORS:
+                hf_tensor_name(t.name, arch)
+        with atomic_output_dir(out) as tmp:
+            _write_tokenizer(src, tmp, read_field(reader, "tokenizer.chat_template"))
+            GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
+            (tmp / GGUF_MARKER).write_text(json.dumps({"gguf": str(src)}))
+            config.save_pretrained(str(tmp))  # last: config.json marks a complete directory
+    return out
+
+
+def gguf_source(model_dir: str | os.PathLike) -> Path | None:
+    """The GGUF file a prepared directory reads its weights from, or None for a directory of weights."""
+    marker = Path(model_dir) / GGUF_MARKER
+    if not marker.is_file():
+        return None
+    path = Path(json.loads(marker.read_text())["gguf"])
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir} reads its weights from {path}, which no longer exists")
+    return path

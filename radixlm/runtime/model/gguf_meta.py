@@ -1,5 +1,6 @@
 """What a GGUF file says about its model: the architecture, an HF config built from the metadata, and
-the llama.cpp -> HF tensor names (with the q/k row order llama.cpp's converter permuted).
+the llama.cpp -> HF tensor names (with the q/k row order llama.cpp's converter permuted, and the values
+it shifted: hf_tensor_offset).
 
 Read by the GGUF loader (gguf_loader.py) in whichever process first resolves the model, and by the
 scheduler when it reads the weights. One table per architecture; a new architecture adds its rows here.
@@ -12,7 +13,10 @@ from typing import Any
 import numpy as np
 
 # GGUF general.architecture -> HF `architectures` entry. Mistral GGUFs use the llama arch.
-SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                   "phi3": "Phi3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# GGUF architecture -> transformers model_type where they differ (a Gemma-3 GGUF holds the text model only).
+_HF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER_NAMES = {
@@ -28,18 +32,40 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# Tensors that are not parameters: llama3 rope factors are turned into config (_rope_scaling).
-_NON_PARAMETER_TENSORS = {"rope_freqs.weight"}
+# Where an architecture's layer tensors differ from _LAYER_NAMES.
+_ARCH_LAYER_NAMES = {
+    # Fused in the GGUF as in the HF checkpoint, rows in HF's order (q, k, v; gate, up): CausalLM.load_weights
+    # takes qkv_proj and gate_up_proj as they are. Phi-3's ffn_up is the fused [2 * intermediate, hidden].
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    # Gemma's four norms a layer: ffn_norm is the MLP's input norm, the outputs have their own.
+    "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+}
+# Tensors that are not parameters: llama3 rope factors (rope_freqs) and Phi-3's longrope factors
+# (rope_factors_*) are turned into config (_rope_scaling, _phi3_config).
+NON_PARAMETER_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+# llama.cpp's Gemma-3 converter stores every norm weight (name ending in norm.weight: the layer norms,
+# q_norm/k_norm, the final norm) as 1 + the HF weight, the scale Gemma3RMSNorm multiplies by.
+_NORM_WEIGHT_OFFSETS = {"gemma3": -1.0}
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """Map a llama.cpp tensor name ("blk.3.attn_q.weight") to its HF name; ValueError if unknown."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """Map a llama.cpp tensor name ("blk.3.attn_q.weight") of a GGUF of `arch` to its HF name; ValueError
+    if unknown. The default covers llama, qwen2 and qwen3 (they share the table)."""
+    layer_names = _LAYER_NAMES | _ARCH_LAYER_NAMES.get(arch, {})
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
     raise ValueError(f"GGUF tensor {gguf_name!r} has no HF equivalent in radixlm's loader")
+
+
+def hf_tensor_offset(arch: str, hf_name: str) -> float:
+    """What to add to a dequantized GGUF tensor (by its HF name) to get the HF checkpoint's values: -1.0
+    for Gemma-3's norm weights (stored as 1 + weight), else 0.0. Adding it reproduces transformers' own
+    GGUF loader (Gemma2TensorProcessor subtracts 1 from every "norm.weight")."""
+    return _NORM_WEIGHT_OFFSETS.get(arch, 0.0) if hf_name.endswith("norm.weight") else 0.0
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -151,11 +177,12 @@ def build_hf_config(reader: Any, arch: str) -> Any:
 
     shapes = {t.name: [int(d) for d in reversed(t.shape.tolist())] for t in reader.tensors}
     n_head = int(read_field(reader, f"{arch}.attention.head_count"))
-    head_dim = shapes["blk.0.attn_q.weight"][0] // n_head
+    hidden = int(read_field(reader, f"{arch}.embedding_length"))
+    head_dim = _head_dim(reader, arch, shapes, hidden // n_head)
     theta = float(read_field(reader, f"{arch}.rope.freq_base", 10000.0))
     kwargs: dict[str, Any] = dict(
         architectures=[SUPPORTED_ARCHS[arch]],
-        hidden_size=int(read_field(reader, f"{arch}.embedding_length")),
+        hidden_size=hidden,
         intermediate_size=int(read_field(reader, f"{arch}.feed_forward_length")),
         num_hidden_layers=int(read_field(reader, f"{arch}.block_count")),
         num_attention_heads=n_head,
@@ -176,4 +203,87 @@ def build_hf_config(reader: Any, arch: str) -> Any:
         kwargs["rope_scaling"] = rope_scaling
     if arch == "llama":
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in shapes
-    return AutoConfig.for_model(arch, **kwargs)
+    if arch in _ARCH_CONFIG:
+        kwargs.update(_ARCH_CONFIG[arch](reader, arch, kwargs))
+    return AutoConfig.for_model(_HF_MODEL_TYPES.get(arch, arch), **kwargs)
+
+
+def _head_dim(reader: Any, arch: str, shapes: dict[str, list[int]], default: int) -> int:
+    """attention.key_length where written (Gemma-3), else from q's rows (Qwen3's head_dim is not hidden /
+    heads), else hidden / heads (Phi-3's q is fused into attn_qkv)."""
+    key_length = read_field(reader, f"{arch}.attention.key_length")
+    if key_length is not None:
+        return int(key_length)
+    q = shapes.get("blk.0.attn_q.weight")
+    n_head = int(read_field(reader, f"{arch}.attention.head_count"))
+    return q[0] // n_head if q is not None else default
+
+
+def _gemma3_config(reader: Any, arch: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What llama.cpp reads or assumes for Gemma-3 beyond the common keys (src/models/gemma3.cpp)."""
+    n_layers, window = kwargs["num_hidden_layers"], read_field(reader, f"{arch}.attention.sliding_window")
+    # llama.cpp scales queries by hidden / heads for the 27B (62 layers), by head_dim otherwise, as
+    # gemma_pytorch's configs do; the GGUF does not record query_pre_attn_scalar.
+    scalar = kwargs["hidden_size"] // kwargs["num_attention_heads"] if n_layers == 62 else kwargs["head_dim"]
+    out = dict(
+        query_pre_attn_scalar=scalar,
+        sliding_window=int(window) if window else None,
+        layer_types=_gemma3_layer_types(reader, arch, n_layers, bool(window)),
+        # llama.cpp's default for sliding layers when the GGUF has no rope.freq_base_swa (Gemma-3's own).
+        rope_local_base_freq=float(read_field(reader, f"{arch}.rope.freq_base_swa", 10000.0)),
+        final_logit_softcapping=read_field(reader, f"{arch}.final_logit_softcapping"),
+        hidden_activation="gelu_pytorch_tanh",
+    )
+    end_of_turn = _token_id(reader, b"<end_of_turn>")
+    if end_of_turn is not None and kwargs["eos_token_id"] not in (None, end_of_turn):
+        # The chat turn's end is an end of generation too (llama.cpp's EOG tokens; the HF checkpoint's
+        # generation_config lists it beside <eos>).
+        out["eos_token_id"] = [kwargs["eos_token_id"], end_of_turn]
+    return out
+
+
+def _gemma3_layer_types(reader: Any, arch: str, n_layers: int, windowed: bool) -> list[str]:
+    """llama.cpp's load_swa_pattern: a per-layer bool array, or every n-th layer full (default 6: layers
+    0-4 sliding, 5 full, ...), as transformers' sliding_window_pattern; no window: every layer full."""
+    pattern = read_field(reader, f"{arch}.attention.sliding_window_pattern", 6) if windowed else []
+    if isinstance(pattern, list):
+        sliding = [bool(x) for x in pattern] + [False] * (n_layers - len(pattern))
+    else:
+        n = int(pattern)
+        sliding = [n == 0 or i % n < n - 1 for i in range(n_layers)]
+    return ["sliding_attention" if s else "full_attention" for s in sliding[:n_layers]]
+
+
+def _phi3_config(reader: Any, arch: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's partial rotary (rope.dimension_count), window (0: none) and longrope factors (two tensors)."""
+    head_dim = kwargs["head_dim"]
+    window = read_field(reader, f"{arch}.attention.sliding_window")
+    out: dict[str, Any] = dict(
+        partial_rotary_factor=int(read_field(reader, f"{arch}.rope.dimension_count", head_dim)) / head_dim,
+        sliding_window=int(window) if window else None,
+    )
+    factors = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors_")}
+    if factors:
+        orig = int(read_field(reader, f"{arch}.rope.scaling.original_context_length"))
+        # attention_factor is left to transformers, which derives it from the two context lengths as
+        # llama.cpp's converter did (the GGUF's float32 copy would round it).
+        out["rope_scaling"] = {
+            "rope_type": "longrope",
+            "long_factor": dequantize_tensor(factors["rope_factors_long.weight"]).reshape(-1).tolist(),
+            "short_factor": dequantize_tensor(factors["rope_factors_short.weight"]).reshape(-1).tolist(),
+            "original_max_position_embeddings": orig,
+        }
+        out["original_max_position_embeddings"] = orig
+    return out
+
+
+def _token_id(reader: Any, token: bytes) -> int | None:
+    """The id of a token in the GGUF's vocabulary, or None (compares raw bytes: no decoding of the list)."""
+    field = reader.get_field("tokenizer.ggml.tokens")
+    if field is None:
+        return None
+    return next((i for i, part in enumerate(field.data) if bytes(field.parts[part]) == token), None)
+
+
+# Architecture-specific config entries beyond the common ones: (reader, arch, common kwargs) -> entries.
+_ARCH_CONFIG = {"gemma3": _gemma3_config, "phi3": _phi3_config}

@@ -1,4 +1,5 @@
-"""The decoder-only transformer shared by Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm).
+"""The decoder-only transformer shared by Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and Phi-3
+(fused checkpoint projections, partial rotary); gemma.py builds Gemma-3 from its pieces.
 
 Runs inside the scheduler process. Tokens of all requests in a step are one flat [T] batch; attention
 goes through the backend over the paged KV pool. Q/K/V and gate/up projections are fused into one
@@ -25,7 +26,8 @@ class ArchSpec:
     """What distinguishes the supported architectures (the registry maps `architectures` to one)."""
 
     qkv_bias: bool = False  # Qwen2 (or Llama's attention_bias)
-    qk_norm: bool = False  # Qwen3
+    qk_norm: bool = False  # Qwen3, Gemma-3
+    norm: type[RMSNorm] = RMSNorm  # every RMSNorm of the model (Gemma: GemmaRMSNorm, scale 1 + weight)
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,23 @@ class Dims:
     vocab_size: int
     rms_eps: float
     tie_embeddings: bool
+    rotary_dim: int  # the rotated dims of a head: head_dim unless partial_rotary_factor < 1 (Phi-3 style)
+    sm_scale: float  # attention scale: head_dim ** -0.5, Gemma's query_pre_attn_scalar ** -0.5
 
     @classmethod
     def from_hf(cls, c) -> "Dims":
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return cls(c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
                    getattr(c, "num_key_value_heads", None) or c.num_attention_heads, head_dim,
-                   c.vocab_size, c.rms_norm_eps, bool(getattr(c, "tie_word_embeddings", False)))
+                   c.vocab_size, c.rms_norm_eps, bool(getattr(c, "tie_word_embeddings", False)),
+                   int(head_dim * _partial_rotary_factor(c)),
+                   float(getattr(c, "query_pre_attn_scalar", None) or head_dim) ** -0.5)
+
+
+def _partial_rotary_factor(c) -> float:
+    """transformers 5 keeps it in rope_parameters (per layer type for Gemma-3: no factor there), 4 on the config."""
+    params = getattr(c, "rope_parameters", None) or {}
+    return float(params.get("partial_rotary_factor") or getattr(c, "partial_rotary_factor", None) or 1.0)
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -53,20 +65,29 @@ def _param(*shape: int) -> nn.Parameter:
 
 
 class Attention(nn.Module):
-    def __init__(self, d: Dims, arch: ArchSpec, layer_id: int):
+    def __init__(self, d: Dims, arch: ArchSpec, layer_id: int, window: int | None = None):
+        """window: this layer's sliding window (a token sees itself and the window - 1 before it); None: the
+        whole context."""
         super().__init__()
-        self.d, self.layer_id = d, layer_id
+        self.d, self.layer_id, self.window = d, layer_id, window
         self.q_size, self.kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         self.qkv_weight = _param(self.q_size + 2 * self.kv_size, d.hidden)
         self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if arch.qkv_bias else None
         self.o_weight = _param(d.hidden, self.q_size)
-        self.q_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
-        self.k_norm = RMSNorm(d.head_dim, d.rms_eps) if arch.qk_norm else None
+        self.q_norm = arch.norm(d.head_dim, d.rms_eps) if arch.qk_norm else None
+        self.k_norm = arch.norm(d.head_dim, d.rms_eps) if arch.qk_norm else None
         self.tp = None  # parallel.TPContext when tensor-parallel (set by parallel.shard_model)
         self.linear = F.linear  # x @ W^T for this layout of the weights (weight_layout.py may swap it)
         # Compiled CPU ops (cpu_ops.py) for decode steps and short extends (speculative verify rows): rotary +
         # K/V store in one op, then the torch backend's paged decode attention on the stored K/V. None: torch.
         self.native = None
+
+    @property
+    def compiled_rotary(self) -> bool:
+        """Whether the compiled rotary + K/V store (and the whole-layer decode op) compute this attention: the
+        full head rotated straight after the projection (no q/k norms in between, no partial rotary), over
+        the whole context (their attention has no window)."""
+        return self.q_norm is None and self.d.rotary_dim == self.d.head_dim and self.window is None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
@@ -91,17 +112,17 @@ class Attention(nn.Module):
             # (half the elementwise kernels; decode at batch 1 is dominated by per-kernel overhead).
             qk = qkv[:, : self.q_size + self.kv_size].view(-1, d.num_heads + d.num_kv_heads, d.head_dim)
             q, k = apply_rotary_one(qk, *rope).split([d.num_heads, d.num_kv_heads], dim=1)
-        o = backend.forward(q, k, v.contiguous(), self.layer_id, kv_pool, meta)
+        o = backend.forward(q, k, v.contiguous(), self.layer_id, kv_pool, meta, self.window)
         out = self.linear(o.reshape(-1, self.q_size), self.o_weight)
         return out if self.tp is None else self.tp.all_reduce(out)  # row-parallel o_proj
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d: Dims, arch: ArchSpec, layer_id: int):
+    def __init__(self, d: Dims, arch: ArchSpec, layer_id: int, window: int | None = None):
         super().__init__()
-        self.input_layernorm = RMSNorm(d.hidden, d.rms_eps)
-        self.self_attn = Attention(d, arch, layer_id)
-        self.post_attention_layernorm = RMSNorm(d.hidden, d.rms_eps)
+        self.input_layernorm = arch.norm(d.hidden, d.rms_eps)
+        self.self_attn = Attention(d, arch, layer_id, window)
+        self.post_attention_layernorm = arch.norm(d.hidden, d.rms_eps)
         self.gate_up_weight = _param(2 * d.intermediate, d.hidden)
         self.down_weight = _param(d.hidden, d.intermediate)
         self.intermediate = d.intermediate
@@ -153,14 +174,18 @@ class CausalLM(nn.Module):
         super().__init__()
         self.dims = d = Dims.from_hf(hf_config)
         self.embed_tokens = _param(d.vocab_size, d.hidden)
-        self.layers = nn.ModuleList(DecoderLayer(d, arch, i) for i in range(d.num_layers))
-        self.norm = RMSNorm(d.hidden, d.rms_eps)
+        self.layers = nn.ModuleList(self._make_layer(hf_config, arch, i) for i in range(d.num_layers))
+        self.norm = arch.norm(d.hidden, d.rms_eps)
         self.lm_head = None if d.tie_embeddings else _param(d.vocab_size, d.hidden)
-        self.rotary = RotaryEmbedding(hf_config, d.head_dim, max_positions)
+        self.rotary = self._make_rotary(hf_config, max_positions)
+        # Gemma-2 style tanh(logits / c) * c on the logits (None: raw logits).
+        self.logit_softcap: float | None = getattr(hf_config, "final_logit_softcapping", None)
         self.tp = None  # parallel.TPContext when tensor-parallel: vocab-parallel embedding and LM head
         # How weight_layout.py stores the LM head for matmuls (None: as loaded), and the column layout's
         # column-major copy for single-row logits.
         self.linear = F.linear  # see Attention.linear
+        # The embedding lookup for this form of embed_tokens (gguf_model.py gives a GGUF's blocks their own).
+        self.embedding = F.embedding
         self.lm_head_matmul: torch.Tensor | None = None
         self.lm_head_single_row: torch.Tensor | None = None
         # Compiled CPU ops: every layer of a one-token decode step and the final norm as one call
@@ -174,6 +199,22 @@ class CausalLM(nn.Module):
         # ... and of a step of several such rows (cpu_ops.ArgmaxRows); None: every logit is computed.
         self.lm_head_argmax_rows = None
 
+    # ---- what a variant (gemma.py) replaces -------------------------------------------------------
+    def _make_layer(self, hf_config, arch: ArchSpec, layer_id: int) -> nn.Module:
+        return DecoderLayer(self.dims, arch, layer_id)
+
+    def _make_rotary(self, hf_config, max_positions: int) -> nn.Module:
+        return RotaryEmbedding(hf_config, self.dims.rotary_dim, max_positions)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        """What every layer's forward gets as `rope`, looked up once per forward."""
+        return self.rotary.lookup(positions, dtype)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return self.embedding(input_ids, self.embed_tokens)
+        return self.tp.embed(input_ids, self.embed_tokens)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                 kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor,
@@ -181,11 +222,8 @@ class CausalLM(nn.Module):
         """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices.
         argmax_only: the caller reads only each row's argmax (first maximum); logits that cannot be it may
         then be -inf (ArgmaxHead), while the argmax's own value and every tie with it stay exact."""
-        if self.tp is None:
-            x = F.embedding(input_ids, self.embed_tokens)
-        else:
-            x = self.tp.embed(input_ids, self.embed_tokens)
-        rope = self.rotary.lookup(positions, x.dtype)
+        x = self._embed(input_ids)
+        rope = self._rope(positions, x.dtype)
         if (self.decode_stack is not None and kv_pool is self.decode_stack_pool and meta.is_decode
                 and x.shape[0] == 1 and logits_indices.numel() == 1):
             h = self.decode_stack.forward(x, *rope, meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices,
@@ -205,6 +243,8 @@ class CausalLM(nn.Module):
 
     def _logits(self, h: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
         """h [N, hidden] (after the final norm) -> logits [N, V] (fp32)."""
+        if self.logit_softcap is not None:
+            argmax_only = False  # the capped logits can tie where the raw ones did not: compute them all
         if argmax_only and h.shape[0] == 1 and self.lm_head_argmax is not None:
             return self.lm_head_argmax(h)
         if argmax_only and h.shape[0] > 1 and self.lm_head_argmax_rows is not None:
@@ -215,18 +255,22 @@ class CausalLM(nn.Module):
         elif head is None:
             head = self.embed_tokens if self.lm_head is None else self.lm_head
         logits = self.linear(h, head)
+        if self.logit_softcap is not None:  # in the model dtype, before the fp32 cast, as transformers does
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits.float() if self.tp is None else self.tp.gather_logits(logits)
 
     # ---- weights ----------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take HF-named tensors; q/k/v and gate/up are concatenated into the fused parameters."""
+        """Take HF-named tensors; q/k/v and gate/up are concatenated into the fused parameters (Phi-3's
+        checkpoints hold them fused already: qkv_proj, gate_up_proj in the same order)."""
         pending: dict[str, torch.Tensor] = {}
         loaded: set[str] = set()
+        params = {n for n, _ in self.named_parameters()}
         for name, tensor in weights:
             name = name.removeprefix("model.")
             if "rotary_emb" in name:
                 continue
-            target = self._direct_target(name)
+            target = self._direct_target(name, params)
             if target is not None:
                 _copy(self.get_parameter(target), tensor, name)
                 loaded.add(target)
@@ -241,22 +285,19 @@ class CausalLM(nn.Module):
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
 
     @staticmethod
-    def _direct_target(name: str) -> str | None:
+    def _direct_target(name: str, params: set[str]) -> str | None:
+        """The parameter an HF tensor loads into as is: a renamed projection, or a parameter of the same
+        name (the norms); None for the parts of a fused parameter."""
         if name in ("embed_tokens.weight", "lm_head.weight"):
             return name.removesuffix(".weight")
-        if name == "norm.weight":
-            return name
         renames = {"self_attn.o_proj.weight": "self_attn.o_weight", "mlp.down_proj.weight": "down_weight",
-                   "input_layernorm.weight": "input_layernorm.weight",
-                   "post_attention_layernorm.weight": "post_attention_layernorm.weight",
-                   "self_attn.q_norm.weight": "self_attn.q_norm.weight",
-                   "self_attn.k_norm.weight": "self_attn.k_norm.weight"}
+                   "self_attn.qkv_proj.weight": "self_attn.qkv_weight", "mlp.gate_up_proj.weight": "gate_up_weight"}
         prefix, _, rest = name.partition(".")
         if prefix == "layers":
             idx, _, sub = rest.partition(".")
             if sub in renames:
                 return f"layers.{idx}.{renames[sub]}"
-        return None
+        return name if name in params else None
 
     def _load_fused(self, pending: dict[str, torch.Tensor], loaded: set[str]) -> None:
         groups = {"self_attn.qkv_weight": [f"self_attn.{p}_proj.weight" for p in "qkv"],

@@ -2,9 +2,10 @@
 its weights and load its tokenizer.
 
 Runs in the scheduler process (weights) and in the tokenizer/HTTP process or the user's process
-(config, tokenizer). Every model ends up as an HF-format directory: a GGUF file is converted once into
-the cache (see gguf_loader.py) and the default model is fetched once (see default_model.py), so the
-rest of radixlm only ever reads config.json + safetensors + tokenizer files.
+(config, tokenizer). Every model ends up as an HF-format directory: a GGUF file gets one in the cache
+with its config and tokenizer, its weights staying in the GGUF (gguf_loader.py), and the default model
+is fetched once (see default_model.py), so the rest of radixlm reads config.json + tokenizer files, and
+the weights from safetensors or the GGUF.
 """
 
 from __future__ import annotations
@@ -84,12 +85,12 @@ def resolve_model_path(model_path: str | os.PathLike | None, cache_dir: str | os
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"Model path {path} is a file but not a .gguf file; pass a model directory or a .gguf")
-        from radixlm.runtime.model.gguf_loader import convert_gguf
+        from radixlm.runtime.model.gguf_loader import prepare_gguf
 
         out = gguf_cache_dir(path, cache_dir)
         if (out / "config.json").is_file():
             return out
-        return convert_gguf(path, out)
+        return prepare_gguf(path, out)
     raise FileNotFoundError(
         f"Model path does not exist: {path} (radixlm does not download from a model hub: pass a local "
         "HF-format directory or a .gguf file, or no path for the default model)"
@@ -130,6 +131,12 @@ def iter_weights(model_dir: str | os.PathLike, dtype: torch.dtype | None = None)
     from safetensors import safe_open
     from tqdm.auto import tqdm
 
+    from radixlm.runtime.model.gguf_loader import gguf_source
+
+    gguf_path = gguf_source(model_dir)
+    if gguf_path is not None:
+        yield from _dequantized_gguf(model_dir, gguf_path, dtype)
+        return
     files = _weight_files(Path(model_dir))
     bar = tqdm(total=len(files), desc="Loading weights", unit="shard", disable=None, delay=0 if len(files) > 1 else 2)
     try:
@@ -143,6 +150,16 @@ def iter_weights(model_dir: str | os.PathLike, dtype: torch.dtype | None = None)
             bar.update(1)
     finally:
         bar.close()
+
+
+def _dequantized_gguf(model_dir: str | os.PathLike, gguf_path: Path, dtype: torch.dtype | None
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    from transformers import AutoConfig
+
+    from radixlm.runtime.model.gguf_model import iter_dequantized, open_gguf
+
+    for name, tensor in iter_dequantized(open_gguf(gguf_path), AutoConfig.from_pretrained(str(model_dir))):
+        yield name, tensor if dtype is None else tensor.to(dtype)
 
 
 def load_tokenizer(path: str | os.PathLike | None) -> PreTrainedTokenizerBase:

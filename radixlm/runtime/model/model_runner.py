@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from radixlm.runtime.config import CacheConfig, ModelConfig
 from radixlm.runtime.forward import ForwardBatch, to_device
@@ -19,7 +20,9 @@ from radixlm.runtime.model.cpu_ops import apply_cpu_ops, decode_stack, load_cpu_
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.kv_pool import KVPool
 from radixlm.runtime.model.layout_probe import probe_layout
-from radixlm.runtime.model.quant.setup import apply_plan, plan_weights
+from radixlm.runtime.model.gguf_loader import gguf_source
+from radixlm.runtime.model.gguf_model import load_gguf_blocks
+from radixlm.runtime.model.quant.setup import WeightPlan, apply_plan, plan_weights
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
 from radixlm.runtime.model.verify_graph import VerifyGraphRunner
@@ -96,7 +99,7 @@ class StepThreads:
             small = measured
         else:
             small = full - 1 if 2 <= full <= 8 and layout not in ("blocks", "packed", "packed_blocks",
-                                                                         "packed_tiles") else full
+                                                                         "packed_tiles", "gguf") else full
         if full < 1 or small < 1:
             raise ValueError("num_threads and small_step_threads must be >= 1")
         return cls(full, small)
@@ -123,18 +126,18 @@ def _probed_layout(hf_config, threads: int) -> tuple[str, int] | None:
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, model_dir: str, hf_config,
                  max_running_requests: int):
-        from radixlm.runtime.model.loader import iter_weights
-
         self.device = resolve_device(model_config.device)
         plan = plan_weights(model_config.quantization, model_config.dtype,
                             resolve_dtype(model_config.dtype, self.device), self.device, model_config.tp_size,
-                            model_config.model_path)
+                            gguf_source(model_dir))
         self.dtype, self.quantization = plan.dtype, plan.quantization
         threads = model_config.num_threads or default_num_threads()
         self.layout = resolve_layout(model_config.weight_layout, self.device, self.dtype, threads)
         small = None
         if model_config.tp_size > 1:
             self.layout = "row"  # each rank's shard keeps the loaded layout (not measured under TP)
+        elif plan.quantization == "gguf":
+            self.layout = "gguf"  # the blocks as the file stores them; their kernels split rows over all threads
         elif model_config.weight_layout == "auto" and self.layout != "row":
             self.layout, small = _probed_layout(hf_config, threads) or (self.layout, None)
             if plan.quantization != "none":
@@ -153,13 +156,7 @@ class ModelRunner:
             self.tp = TPDriver(model_config, model_dir, hf_config, self.context_len, self.device, self.dtype)
             model = self.tp.model  # this rank's shard; its dims hold this rank's heads
         else:
-            with torch.device(self.device):
-                model = build_model(hf_config, self.context_len)  # parameters are torch.empty: no init cost
-            model.load_weights(iter_weights(model_dir, torch.float32))
-            for p in model.parameters():  # rotary cos/sin buffers stay fp32 (they are cast per use)
-                p.data = p.data.to(self.dtype)
-            apply_weight_layout(model, self.layout, threads)
-            apply_plan(model, plan, hf_config)  # after the layout: an unquantized part keeps it
+            model = self._load(model_dir, hf_config, plan, threads)
         # Compiled CPU ops (fp32 on the CPU, no TP): fused norms, rotary + K/V store, paged decode attention.
         self.cpu_ops = load_cpu_ops(self.device, self.dtype, self.tp is not None, model_config.attention_backend)
         if self.cpu_ops is not None:
@@ -182,13 +179,29 @@ class ModelRunner:
         self.guard = (ContentionGuard(self.threads.small) if getattr(model, "decode_stack", None) is not None
                       and self.threads is not None and self.threads.small > 1 else None)
         self.backend = self._attention_backend(model_config.attention_backend)
-        self.sm_scale = d.head_dim ** -0.5
+        self.sm_scale = d.sm_scale
         self.graphs: DecodeGraphRunner | None = None  # set by capture_decode_graphs (CUDA only)
         self.verify_graphs: VerifyGraphRunner | None = None  # set by capture_verify_graphs (speculation)
         self.info = RunnerInfo(str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
                                torch.get_num_threads(),
                                self.context_len, self.max_total_tokens, d.vocab_size, str(model_dir),
                                (getattr(hf_config, "architectures", None) or ["?"])[0])
+
+    def _load(self, model_dir: str, hf_config, plan: WeightPlan, threads: int) -> nn.Module:
+        """Build the model and load its weights one tensor at a time into their runtime form."""
+        from radixlm.runtime.model.loader import iter_weights
+
+        with torch.device(self.device):
+            model = build_model(hf_config, self.context_len)  # parameters are torch.empty: no init cost
+        if plan.quantization == "gguf":
+            load_gguf_blocks(model, plan.gguf_path, hf_config)
+        else:
+            for p in model.parameters():  # still unwritten: no memory is touched (rotary buffers stay fp32)
+                p.data = torch.empty_like(p, dtype=self.dtype)
+            model.load_weights(iter_weights(model_dir))  # each tensor cast into its parameter as it comes
+            apply_weight_layout(model, self.layout, threads)
+        apply_plan(model, plan, hf_config)  # after the layout: an unquantized part keeps it
+        return model
 
     def _capacity(self, cache: CacheConfig, max_running_requests: int) -> int:
         if cache.max_total_tokens is not None:
@@ -266,11 +279,19 @@ class ModelRunner:
 
 
 def _context_len(hf_config, requested: int | None) -> int:
+    from radixlm.runtime.model.registry import attends_within_window
+
     model_max = int(getattr(hf_config, "max_position_embeddings", 2048))
     window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
-        # Sliding-window attention is not implemented: stay within the window, where it is exact.
+    if window and getattr(hf_config, "use_sliding_window", True) and not attends_within_window(hf_config):
+        # This architecture's attention covers the whole context: stay within the window, where it is exact.
         model_max = min(model_max, int(window))
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) == "longrope":
+        # transformers switches every position to the long factors once a sequence outgrows the original
+        # context (recomputing the whole cache): stay within it, where the short factors are exact.
+        original = rope.get("original_max_position_embeddings") or hf_config.original_max_position_embeddings
+        model_max = min(model_max, int(original))
     if requested is None:
         return model_max
     if requested < 1:

@@ -106,7 +106,7 @@ def run_worker(mc: ModelConfig, rank: int) -> None:
     backend = ModelRunner._attention_backend(SimpleNamespace(device=device, cpu_ops=None), mc.attention_backend)
     freeze_heap(f"tp rank {rank}")
     num_steps = 0
-    while (step := recv_step(comm, device, d.head_dim ** -0.5)) is not None:
+    while (step := recv_step(comm, device, d.sm_scale)) is not None:
         ids, pos, meta, logits_idx = step
         model(ids, pos, backend, kv_pool, meta, logits_idx)
         num_steps += 1

@@ -4,6 +4,8 @@ Runs inside the scheduler process (model forward). A batch is a flat list of T n
 request r contributes extend_lens[r] tokens starting at extend_start_loc[r], whose K/V go to the slots
 out_cache_loc, and it attends to the first seq_lens[r] slots of its row in req_to_token (its cached
 prefix of prefix_lens[r] tokens plus, causally, its own new tokens). Decode is the case extend_lens == 1.
+A sliding-window layer (window W, Gemma-3's sliding layers) lets the token at position p see only the keys
+at positions p - W + 1 .. p, as transformers' sliding_window_overlay does.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class KVPoolLike(Protocol):
 
 class AttentionBackend(Protocol):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also stores k/v at meta.out_cache_loc."""
+                kv_pool: KVPoolLike, meta: AttentionMetadata, window: int | None = None) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also stores k/v at meta.out_cache_loc. window: the
+        layer's sliding window (None: the whole context)."""
         ...
 
 
@@ -50,32 +53,32 @@ class TorchAttentionBackend:
         self.ops = ops
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
+                kv_pool: KVPoolLike, meta: AttentionMetadata, window: int | None = None) -> torch.Tensor:
         k_buf, v_buf = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
         k_buf[meta.out_cache_loc] = k
         v_buf[meta.out_cache_loc] = v
         if meta.is_decode:
-            return self.decode_stored(q, layer_id, kv_pool, meta)
+            return self.decode_stored(q, layer_id, kv_pool, meta, window)
         out = torch.empty_like(q)
         decode_rows = [i for i, n in enumerate(meta.extend_lens_list) if n == 1 and meta.prefix_lens_list[i] > 0]
         if decode_rows:
             rows = torch.tensor(decode_rows, dtype=torch.int64)
             token_idx = meta.extend_start_loc.index_select(0, rows.to(q.device))
-            out[token_idx] = self._decode(q.index_select(0, token_idx), k_buf, v_buf, meta, rows)
+            out[token_idx] = self._decode(q.index_select(0, token_idx), k_buf, v_buf, meta, rows, window)
         decode_set = set(decode_rows)
         for i in range(len(meta.extend_lens_list)):
             if i not in decode_set:
-                self._extend_one(q, k, v, k_buf, v_buf, meta, i, out)
+                self._extend_one(q, k, v, k_buf, v_buf, meta, i, out, window)
         return out
 
-    def decode_stored(self, q: torch.Tensor, layer_id: int, kv_pool: KVPoolLike, meta: AttentionMetadata
-                      ) -> torch.Tensor:
+    def decode_stored(self, q: torch.Tensor, layer_id: int, kv_pool: KVPoolLike, meta: AttentionMetadata,
+                      window: int | None = None) -> torch.Tensor:
         """A decode batch whose new K/V are already in the pool (llama.py's fused rotary + store):
         q [B, Hq, D] -> [B, Hq, D]."""
         rows = meta.plan_cache.get("decode_rows")
         if rows is None:
             rows = meta.plan_cache["decode_rows"] = torch.arange(len(meta.seq_lens_list))
-        return self._decode(q, kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id], meta, rows)
+        return self._decode(q, kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id], meta, rows, window)
 
     def extend_stored(self, q: torch.Tensor, layer_id: int, kv_pool: KVPoolLike, meta: AttentionMetadata
                       ) -> torch.Tensor:
@@ -88,7 +91,9 @@ class TorchAttentionBackend:
                                                meta.sm_scale)
 
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
+                meta: AttentionMetadata, rows: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        if window is not None and max(meta.seq_lens_list[int(r)] for r in rows) > window:
+            return self._windowed_decode(q, k_buf, v_buf, meta, rows, window)
         if self.ops is not None and q.dtype == torch.float32 and len(rows) < 2:
             return self._paged_decode(q, k_buf, v_buf, meta, rows)  # one row: no cascade to consider
         # q [b, Hq, D]; gather each row's slots into a padded [b, L] block and mask the padding.
@@ -130,6 +135,27 @@ class TorchAttentionBackend:
             meta.plan_cache["paged"] = plan
         return self.ops.paged_decode_attention(q.contiguous(), k_buf, v_buf, meta.req_to_token, *plan, meta.sm_scale)
 
+    def _windowed_decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: AttentionMetadata,
+                         rows: torch.Tensor, window: int) -> torch.Tensor:
+        """Decode rows of a sliding-window layer when some row is longer than the window: each row attends
+        to its last `window` slots, gathered into a small slot table of their own (once per forward and
+        window), which the compiled paged decode attention reads like req_to_token."""
+        key = f"window_{window}"
+        plan = meta.plan_cache.get(key)
+        if plan is None:
+            plan = meta.plan_cache[key] = _window_table(meta, rows, window)
+        table, lens, valid = plan
+        if self.ops is not None and q.dtype == torch.float32:
+            rows_idx = torch.arange(len(rows), device=table.device)
+            return self.ops.paged_decode_attention(q.contiguous(), k_buf, v_buf, table, rows_idx, lens, meta.sm_scale)
+        b, L = table.shape
+        flat = table.reshape(-1)
+        kk = k_buf.index_select(0, flat).view(b, L, *k_buf.shape[1:]).transpose(1, 2)  # [b, Hkv, L, D]
+        vv = v_buf.index_select(0, flat).view(b, L, *v_buf.shape[1:]).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, attn_mask=valid[:, None, None, :],
+                                           scale=meta.sm_scale, enable_gqa=kk.shape[1] != q.shape[1])
+        return o.squeeze(2)
+
     @staticmethod
     def _decode_plan(meta: AttentionMetadata, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded slot block [b, L] and mask [b, 1, 1, L] of the decode rows, once per forward."""
@@ -149,11 +175,14 @@ class TorchAttentionBackend:
         return plan
 
     def _extend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
-                    v_buf: torch.Tensor, meta: AttentionMetadata, i: int, out: torch.Tensor) -> None:
+                    v_buf: torch.Tensor, meta: AttentionMetadata, i: int, out: torch.Tensor,
+                    window: int | None = None) -> None:
         start, n = meta.extend_start_loc_list[i], meta.extend_lens_list[i]
         prefix = meta.prefix_lens_list[i]
         qq = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        if prefix == 0:
+        if window is not None and prefix + n > window:
+            o = _windowed_extend(qq, k_buf, v_buf, meta, i, window)
+        elif prefix == 0:
             # Nothing cached: attend to the fresh k/v directly (no gather from the pool).
             kk = k[start : start + n].transpose(0, 1).unsqueeze(0)
             vv = v[start : start + n].transpose(0, 1).unsqueeze(0)
@@ -169,6 +198,40 @@ class TorchAttentionBackend:
             o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
                                                enable_gqa=kk.shape[1] != qq.shape[1])
         out[start : start + n] = o.squeeze(0).transpose(0, 1)
+
+
+def _window_table(meta: AttentionMetadata, rows: torch.Tensor, window: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decode rows' last `window` slots as a padded table [b, L] (padding: the scratch slot 0), their
+    counts [b] and the valid-key mask [b, L]."""
+    dev = meta.req_to_token.device
+    seq_lens = [meta.seq_lens_list[int(r)] for r in rows]
+    starts = [max(0, n - window) for n in seq_lens]
+    width = max(n - s for n, s in zip(seq_lens, starts))
+    table = torch.zeros(len(seq_lens), width, dtype=meta.req_to_token.dtype, device=dev)
+    req_rows = meta.req_pool_indices.index_select(0, rows.to(dev)).tolist()
+    for j, (row, s, n) in enumerate(zip(req_rows, starts, seq_lens)):
+        table[j, : n - s] = meta.req_to_token[row, s:n]
+    lens = torch.tensor([n - s for n, s in zip(seq_lens, starts)], dtype=torch.int64, device=dev)
+    valid = torch.arange(width, device=dev)[None, :] < lens[:, None]
+    return table, lens, valid
+
+
+def _windowed_extend(qq: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: AttentionMetadata, i: int,
+                     window: int) -> torch.Tensor:
+    """Row i's new tokens (qq [1, Hq, n, D]; their K/V already in the pool) over a sliding window: new token
+    j (position prefix + j) sees positions prefix + j - window + 1 .. prefix + j. Keys before the first
+    token's window are not read."""
+    n, prefix = meta.extend_lens_list[i], meta.prefix_lens_list[i]
+    lo = max(0, prefix + 1 - window)
+    slots = meta.req_to_token[int(meta.req_pool_indices[i]), lo : prefix + n]
+    kk = k_buf.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, prefix + n - lo, D]
+    vv = v_buf.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+    q_pos = torch.arange(prefix, prefix + n, device=qq.device)[:, None]
+    kv_pos = torch.arange(lo, prefix + n, device=qq.device)[None, :]
+    mask = (kv_pos <= q_pos) & (kv_pos > q_pos - window)
+    return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=meta.sm_scale,
+                                          enable_gqa=kk.shape[1] != qq.shape[1])
 
 
 def short_extend(meta: AttentionMetadata) -> bool:

@@ -33,8 +33,9 @@ class TritonAttentionBackend:
         self._num_sms: Optional[int] = None  # queried at first decode, never at import
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                kv_pool: KVPoolLike, meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also stores k/v at meta.out_cache_loc."""
+                kv_pool: KVPoolLike, meta: AttentionMetadata, window: int | None = None) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also stores k/v at meta.out_cache_loc. window: the
+        layer's sliding window (None: the whole context)."""
         assert q.dim() == 3 and k.dim() == 3 and v.shape == k.shape, (q.shape, k.shape, v.shape)
         k_buf, v_buf = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
         store_kv(k, v, k_buf, v_buf, meta.out_cache_loc)
@@ -42,13 +43,13 @@ class TritonAttentionBackend:
         if meta.is_decode:
             splits = self._splits(q.shape[0], k_buf.shape[1], q.device)
             return decode_attention(q, k_buf, v_buf, out, meta.req_to_token, meta.req_pool_indices,
-                                    meta.seq_lens, meta.sm_scale, num_kv_splits=splits)
+                                    meta.seq_lens, meta.sm_scale, num_kv_splits=splits, window=window or 0)
         # host copy of the lengths when the metadata carries one: avoids a device sync
         ext_list = getattr(meta, "extend_lens_list", None)
         max_extend_len = max(ext_list) if ext_list else None
         return extend_attention(q, k_buf, v_buf, out, meta.req_to_token, meta.req_pool_indices,
                                 meta.seq_lens, meta.prefix_lens, meta.extend_start_loc, meta.sm_scale,
-                                max_extend_len=max_extend_len)
+                                max_extend_len=max_extend_len, window=window or 0)
 
     def _splits(self, batch_size: int, num_kv_heads: int, device: torch.device) -> int:
         if self._num_kv_splits is not None:

@@ -40,3 +40,27 @@ class RMSNorm(nn.Module):
             return self.native.add_rms_norm(x, residual, self.weight, self.eps), residual
         residual = residual + x
         return self.forward(residual), residual
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm (transformers' Gemma3RMSNorm): scales by (1 + weight), both in fp32, and casts last.
+
+    The checkpoint's weight is kept as is (the offset is added per call, in fp32 as transformers does): a
+    stored 1 + weight rounded to bf16 would lose the weight's low bits.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 + self.weight.float()
+        if self.native is not None:
+            return self.native.rms_norm(x, scale, self.eps)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, scale.shape, scale, self.eps)  # the same bits as the lines below
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * scale).to(x.dtype)
+
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.native is not None:
+            return self.native.add_rms_norm(x, residual, 1.0 + self.weight.float(), self.eps), residual
+        residual = residual + x
+        return self.forward(residual), residual

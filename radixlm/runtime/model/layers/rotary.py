@@ -11,24 +11,32 @@ import torch
 from torch import nn
 
 
-def _inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+def _inv_freq(hf_config, head_dim: int, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """head_dim: the rotated dims (partial_rotary_factor * head_dim). layer_type: a key of the config's
+    per-layer-type rope_parameters (Gemma-3: "sliding_attention", "full_attention"), None for one table."""
     params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    if layer_type is not None:
+        params = params[layer_type]
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         if rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"unsupported rope scaling type {rope_type!r}")
-        return ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+        # longrope: without a sequence length this is the short-factor table, which transformers uses up to
+        # original_max_position_embeddings (model_runner._context_len stays within it).
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+        return ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"), **extra)
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
     return inv, 1.0
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, hf_config, head_dim: int, max_positions: int):
+    def __init__(self, hf_config, head_dim: int, max_positions: int, layer_type: str | None = None):
+        """head_dim: the rotated dims of a head (all of it unless partial_rotary_factor < 1)."""
         super().__init__()
-        inv_freq, scaling = _inv_freq(hf_config, head_dim)
+        inv_freq, scaling = _inv_freq(hf_config, head_dim, layer_type)
         pos = torch.arange(max_positions, dtype=torch.float32)
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2], a single fp32 product as in transformers
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -56,6 +64,10 @@ def apply_rotary_one(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tenso
     """x [T, H, D] (any heads: q, k, or both side by side) -> a new rotated tensor: transformers'
     x * cos + rotate_half(x) * sin, where rotate_half(x) = cat(-x2, x1) and roll(x) = cat(x2, x1), with
     the sign carried by signed_sin. Bit-identical to it (tests/runtime/test_rotary_layer.py); 4 ops at
-    decode instead of 7 (neg, two slices and a cat become one roll)."""
+    decode instead of 7 (neg, two slices and a cat become one roll). Tables narrower than x (partial
+    rotary, Phi-3 style) rotate the first dims and pass the rest through, as transformers does."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat([apply_rotary_one(x[..., :rot], cos, signed_sin), x[..., rot:]], dim=-1)
     rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)
     return (x * cos).add_(rolled.mul_(signed_sin))

@@ -9,8 +9,8 @@ Modes (ModelConfig.quantization, SGLang's --quantization):
         activations too: +93% perplexity, docs/benchmarks.md).
   int4  4-bit weights in groups of 32 inputs (scale + zero each), _weight_int4pack_mm_for_cpu with bf16
         activations (its fp32-activation path was measured 10-40x slower).
-  auto  a GGUF whose linear weights are q8_0 -> int8, q4_0 / q4_1 / q4_K -> int4; otherwise DEFAULT_CPU
-        on the CPU and none elsewhere.
+  gguf  a GGUF file's own blocks, read in place by radixlm's kernels (gguf_blocks.py; CPU).
+  auto  gguf for a GGUF on the CPU; otherwise DEFAULT_CPU on the CPU and none elsewhere.
 q/k/v (fused), o, gate/up (fused) and down are quantized, and int8's LM head (QUANTIZE_LM_HEAD; int4's
 measured too sensitive); int8's first layers (DENSE_LAYERS_PER: 2 of SmolLM2's 30), norms, the embedding
 lookup, biases and the KV cache keep the model dtype.
@@ -30,7 +30,7 @@ from radixlm.runtime.model.quant.kernels import (
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 DEFAULT_CPU = "none"
 # The LM head (SmolLM2: the tied embedding, 21% of the weights, 113 of int8's ~240 MB streamed per
 # token) measured far more sensitive than the layers: int4 +5.75% ppl with it quantized, +0.19% with it
@@ -53,9 +53,6 @@ def dense_first_layers(mode: str, num_layers: int) -> int:
     per = DENSE_LAYERS_PER.get(mode, 0)
     return num_layers // per if per else 0
 
-# GGUF tensor types whose linear weights a mode keeps as they are (int4) or reads as its own (int8).
-GGUF_MODES = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}
-
 # (owner path, attribute, HF names of the parts fused into it, in row order)
 _LAYER_WEIGHTS = (("self_attn", "qkv_weight", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
                   ("self_attn", "o_weight", ("self_attn.o_proj",)),
@@ -66,17 +63,19 @@ _LAYER_WEIGHTS = (("self_attn", "qkv_weight", ("self_attn.q_proj", "self_attn.k_
 Int4Source = Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def resolve_quantization(requested: str, device: torch.device, tp_size: int, gguf_mode: str | None) -> str:
-    """The concrete mode ("none", "int8" or "int4"); ValueError for a bad name or an unsupported setup.
-    gguf_mode: GGUF_MODES' mode for a GGUF model's linear weights (None: not a quantized GGUF)."""
+def resolve_quantization(requested: str, device: torch.device, tp_size: int, is_gguf: bool) -> str:
+    """The concrete mode ("none", "int8", "int4" or "gguf"); ValueError for a bad name or an unsupported
+    setup. is_gguf: the model's weights are a GGUF file's."""
     if requested not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {requested!r}")
     if requested == "auto":
         if device.type != "cpu" or tp_size > 1:
             return "none"
-        return gguf_mode or DEFAULT_CPU
+        return "gguf" if is_gguf else DEFAULT_CPU
+    if requested == "gguf" and not is_gguf:
+        raise ValueError("quantization=gguf runs a GGUF file's own blocks; this model is not a GGUF file")
     if requested != "none" and device.type != "cpu":
-        raise ValueError(f"quantization={requested} runs on the CPU only (torch's CPU kernels); "
+        raise ValueError(f"quantization={requested} runs on the CPU only (radixlm's and torch's CPU kernels); "
                          f"this model runs on {device.type}: use quantization=none")
     if requested != "none" and tp_size > 1:
         raise ValueError(f"quantization={requested} is not supported with tp_size > 1")
@@ -114,7 +113,7 @@ def quantize_model(model: nn.Module, mode: str, source: Int4Source | None = None
     dense: also keep each layer weight's dequantized bf16 copy for many-row steps (kernels.DENSE_MIN_ROWS;
     only worth its memory where the CPU computes bf16 natively). ops: the compiled CPU ops
     (radixlm.kernels.cpu.load()), for int8's few-row GEMV (kernels.GEMV_MAX_ROWS); None: torch's kernel."""
-    if mode == "none":
+    if mode in ("none", "gguf"):  # gguf: the weights were loaded as blocks (gguf_model.py)
         return 0
     quantize, exact = _quantizer(mode, ops), 0
     source = source if mode == "int4" else None
@@ -163,5 +162,5 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-__all__ = ["DENSE_LAYERS_PER", "GGUF_MODES", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "dense_first_layers",
+__all__ = ["DENSE_LAYERS_PER", "GROUP", "QUANTIZATIONS", "DEFAULT_CPU", "dense_first_layers",
            "quantize_model", "resolve_quantization", "weight_bytes"]

@@ -68,7 +68,7 @@ def read_int4_blocks(gguf_path: Path, hf_config: Any) -> dict[str, tuple[torch.T
     for t in reader.tensors:
         if t.tensor_type.name not in NIBBLE_OFFSET or len(t.shape) != 2:
             continue
-        name = hf_tensor_name(t.name)
+        name = hf_tensor_name(t.name, arch)
         arrays = int4_blocks(t)
         proj = name.split(".")[-2]
         if arch == "llama" and proj in heads and ".self_attn." in name:

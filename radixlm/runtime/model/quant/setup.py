@@ -10,9 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from radixlm.runtime.model.quant.apply import (
-    GGUF_MODES, dense_first_layers, quantize_model, resolve_quantization, weight_bytes,
-)
+from radixlm.runtime.model.quant.apply import dense_first_layers, quantize_model, resolve_quantization, weight_bytes
 from radixlm.runtime.model.quant.cpu_caps import CpuCaps, cpu_caps
 from radixlm.runtime.model.quant.kernels import DENSE_MIN_ROWS, GEMV_MAX_ROWS
 
@@ -37,35 +35,36 @@ def resolve_cpu_dtype(dtype: torch.dtype, requested: str, caps: CpuCaps) -> torc
     return dtype
 
 
-def gguf_linear_mode(gguf_path: Path | None) -> str | None:
-    """int8 / int4 when a GGUF's linear weights are mostly q8_0 / 4-bit blocks (GGUF_MODES), else None."""
-    if gguf_path is None:
-        return None
-    import gguf
-
-    reader = gguf.GGUFReader(str(gguf_path))
-    types = [t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(
-        ("attn_q.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))]
-    modes = [GGUF_MODES.get(t) for t in types]
-    for mode in ("int4", "int8"):
-        if modes and modes.count(mode) * 2 >= len(modes):
-            return mode
-    return None
-
-
 def plan_weights(requested: str, requested_dtype: str, dtype: torch.dtype, device: torch.device,
-                 tp_size: int, model_path: str | None) -> WeightPlan:
+                 tp_size: int, gguf_path: Path | None) -> WeightPlan:
+    """gguf_path: the GGUF file the model's weights are read from (None: safetensors)."""
     caps = cpu_caps()
     if device.type == "cpu":
         dtype = resolve_cpu_dtype(dtype, requested_dtype, caps)
-    gguf_path = Path(model_path).expanduser() if model_path and str(model_path).lower().endswith(".gguf") else None
-    mode = resolve_quantization(requested, device, tp_size, gguf_linear_mode(gguf_path) if requested == "auto"
-                                else None)
+    mode = resolve_quantization(requested, device, tp_size, gguf_path is not None)
+    if mode == "gguf" and _block_ops() is None:
+        logger.warning("radixlm's compiled CPU ops are off, and with them the kernels that read a GGUF's blocks: "
+                       "the model is dequantized to %s instead (about 4-8x the file's size in memory)",
+                       str(dtype).removeprefix("torch."))
+        mode = "none"
     return WeightPlan(mode, dtype, caps, gguf_path)
+
+
+def _block_ops():
+    from radixlm.kernels import cpu
+
+    return cpu.load()
 
 
 def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
     """Quantize the loaded model as planned (int4 from a GGUF's own 4-bit blocks where it has them)."""
+    if plan.quantization == "gguf":
+        from radixlm.runtime.model.quant.gguf_blocks import block_bytes
+
+        total = block_bytes(model) + sum(p.nbytes for p in model.parameters())
+        logger.info("weights: the GGUF's own blocks (%s), read in place from %s, %.1f MB; CPU %s",
+                    _type_summary(model), plan.gguf_path.name, total / 1e6, plan.caps.describe())
+        return
     source = None
     if plan.quantization == "int4" and plan.gguf_path is not None:
         from radixlm.runtime.model.quant.gguf_source import read_int4_blocks
@@ -89,3 +88,15 @@ def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
     from_gguf = f", {exact} taken from the GGUF's 4-bit blocks as they are" if source is not None else ""
     logger.info("weights: quantization=%s%s%s, dtype=%s, %.1f MB; CPU %s", plan.quantization, detail, from_gguf,
                 str(plan.dtype).removeprefix("torch."), weight_bytes(model) / 1e6, plan.caps.describe())
+
+
+def _type_summary(model: nn.Module) -> str:
+    """The GGUF types of the model's linear weights with their counts, e.g. "Q4_K x96, Q6_K x24"."""
+    from collections import Counter
+
+    from radixlm.runtime.model.quant.gguf_blocks import KERNEL_TYPES, GGUFWeight
+
+    names = {v: k for k, v in KERNEL_TYPES.items()}
+    counts = Counter(names[p.qtype] for m in model.modules() for v in vars(m).values() if isinstance(v, GGUFWeight)
+                     for p in v.parts)
+    return ", ".join(f"{name} x{n}" for name, n in counts.most_common())

@@ -1,0 +1,125 @@
+"""A GGUF file runs from its own blocks (quantization=gguf, auto's choice on the CPU): tiny checkpoints written
+as GGUFs that mix block types as a Q4_K_M file does, run greedily next to the same file dequantized to fp32
+(quantization=none, the reference); nothing is written but the config and tokenizer; the loaded process holds
+about the file's size, not an fp32 copy; a type without a kernel is refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from radixlm.runtime.engine import Engine
+from radixlm.testing import build_tiny_model
+from tests.runtime.test_gguf_loader import _random_blocks, write_gguf
+
+PROMPTS = ["Hello there", "A radix tree", "The capital of"]
+
+
+def mixed_types(name: str, w: np.ndarray) -> Q:
+    """A Q4_K_M-like mix for the tensors the gguf package can quantize (the K-quants come as raw blocks)."""
+    if "v_proj" in name:
+        return Q.Q8_0
+    if "o_proj" in name or "embed" in name:
+        return Q.Q5_0
+    return Q.Q4_0 if "gate" in name else Q.Q4_1
+
+
+def mixed_gguf(tmp_path: Path, arch: str) -> Path:
+    src = build_tiny_model(tmp_path / f"{arch}-src", arch, hidden_size=256, intermediate_size=512)
+    rng = np.random.default_rng(0)
+    raw = {"blk.0.ffn_up.weight": (_random_blocks(rng, 512, 144, [0, 2]), Q.Q4_K),   # [512 out, 256 in]
+           "blk.1.ffn_down.weight": (_random_blocks(rng, 256, 420, [208, 418]), Q.Q6_K)}  # [256, 512]
+    return write_gguf(src, tmp_path / f"{arch}.gguf", arch, qtype=mixed_types, raw=raw)
+
+
+def greedy(path: Path, **kwargs) -> tuple[list[list[int]], dict]:
+    with Engine(str(path), max_total_tokens=512, **kwargs) as engine:
+        out = engine.generate(PROMPTS, {"max_new_tokens": 8, "temperature": 0})
+        engine.check_integrity()
+        return [r["output_ids"] for r in out], engine.get_server_info()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # llama: q/k rows unpermuted; qwen2: q/k/v biases
+def test_a_mixed_gguf_runs_from_its_blocks_as_its_dequantized_weights_do(tmp_path, monkeypatch, arch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(cache))
+    path = mixed_gguf(tmp_path, arch)
+    blocks, info = greedy(path)
+    assert info["quantization"] == "gguf"
+    dense, dense_info = greedy(path, quantization="none")
+    assert dense_info["quantization"] == "none"
+    assert blocks == dense
+    assert all(len(ids) == 8 for ids in blocks)
+    written = [f for f in (cache / "gguf").rglob("*") if f.is_file()]
+    assert written and not [f for f in written if f.suffix == ".safetensors"]  # no fp32 copy, ever
+    assert sum(f.stat().st_size for f in written) < path.stat().st_size  # config + tokenizer only
+
+
+def test_a_type_without_a_kernel_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    src = build_tiny_model(tmp_path / "src", "llama", hidden_size=256, intermediate_size=512)
+    iq4 = _random_blocks(np.random.default_rng(0), 512, 8 * 18, [0])  # IQ4_NL: [512 out, 256 in]
+    path = write_gguf(src, tmp_path / "m.gguf", "llama", qtype=lambda n, w: Q.Q8_0,
+                      raw={"blk.0.ffn_gate.weight": (iq4, Q.IQ4_NL)})
+    with pytest.raises(Exception, match="blk.0.ffn_gate.weight.*type IQ4_NL.*quantization=none"):
+        Engine(str(path), max_total_tokens=256)
+
+
+_RSS_CHECK = """
+import json, resource, sys
+from pathlib import Path
+import torch
+from transformers import AutoConfig
+from radixlm.kernels import cpu
+from radixlm.runtime.model.gguf_loader import prepare_gguf
+from radixlm.runtime.model.gguf_model import load_gguf_blocks
+from radixlm.runtime.model.registry import build_model
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
+cpu.load()
+model_dir = prepare_gguf(sys.argv[1], Path(sys.argv[2]))
+config = AutoConfig.from_pretrained(model_dir)
+with torch.device("meta"):
+    build_model(config, 64)  # the imports a first build pulls in are not the weights
+before = rss()
+model = build_model(config, 64)
+load_gguf_blocks(model, Path(sys.argv[1]), config)
+x = model.embedding(torch.tensor([1, 2]), model.embed_tokens)
+for layer in model.layers:  # touch every weight once, as a forward does
+    layer.linear(x[:1], layer.gate_up_weight)
+    layer.linear(torch.zeros(1, layer.down_weight.in_features), layer.down_weight)
+    layer.linear(x[:1], layer.self_attn.qkv_weight)
+    layer.linear(torch.zeros(1, layer.self_attn.o_weight.in_features), layer.self_attn.o_weight)
+model.linear(x[:1], model.lm_head_matmul)
+print(json.dumps({"grown": rss() - before}))
+"""
+
+
+def test_loading_holds_about_the_files_size_not_an_fp32_copy(tmp_path):
+    """In a fresh process: the memory that loading and touching every weight adds is close to the file's
+    size, where the fp32 weights would take about 7x (4.5-bit blocks)."""
+    src = build_tiny_model(tmp_path / "src", "llama", hidden_size=512, intermediate_size=2048, num_hidden_layers=6)
+    path = write_gguf(src, tmp_path / "m.gguf", "llama", qtype=lambda n, w: Q.Q4_0)
+    env = dict(os.environ, RADIXLM_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _RSS_CHECK, str(path), str(tmp_path / "dir")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    grown = json.loads(proc.stdout.strip().splitlines()[-1])["grown"]
+    size = path.stat().st_size
+    fp32 = sum(np.prod(s) for s in _shapes(src)) * 4
+    assert fp32 > 6 * size  # the test can tell the two apart
+    assert grown < 1.3 * size + (16 << 20), (grown, size)
+
+
+def _shapes(model_dir: Path) -> list[tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="np") as f:
+        return [tuple(f.get_slice(k).get_shape()) for k in f.keys()]
