@@ -123,3 +123,30 @@ def _shapes(model_dir: Path) -> list[tuple[int, ...]]:
 
     with safe_open(str(model_dir / "model.safetensors"), framework="np") as f:
         return [tuple(f.get_slice(k).get_shape()) for k in f.keys()]
+
+
+def test_a_model_that_cannot_fit_fails_at_start_with_the_numbers(tmp_path, monkeypatch):
+    from radixlm.runtime.model import memory
+
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    path = mixed_gguf(tmp_path, "llama")
+    monkeypatch.setattr(memory, "available_bytes", lambda: path.stat().st_size)  # less than the weights + room
+    with pytest.raises(Exception, match=r"weights need 0\.0 GiB \(gguf, float32\) and this machine has 0\.0 GiB"):
+        Engine(str(path), max_total_tokens=256)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 4 * path.stat().st_size)
+    with pytest.raises(Exception, match="a KV pool of 1000000 tokens needs .* lower --max-total-tokens"):
+        Engine(str(path), max_total_tokens=1_000_000)
+
+
+def test_the_startup_log_says_what_memory_the_run_takes(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    path = mixed_gguf(tmp_path, "qwen2")
+    with caplog.at_level(logging.INFO, logger="radixlm.runtime.model.memory"):
+        with Engine(str(path), max_total_tokens=256):
+            pass
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("memory:"))
+    weights = float(line.split("weights ")[1].split(" MB")[0]) * 1e6
+    assert 0.8 * path.stat().st_size < weights < 1.1 * path.stat().st_size  # the blocks, about the file
+    assert "KV pool" in line and "(256 tokens)" in line and "process RSS" in line

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,8 +21,13 @@ from radixlm.runtime.model.cpu_ops import apply_cpu_ops, decode_stack, load_cpu_
 from radixlm.runtime.model.cuda_graph import CudaGraph, DecodeGraphRunner
 from radixlm.runtime.model.kv_pool import KVPool
 from radixlm.runtime.model.layout_probe import probe_layout
+from radixlm.runtime.model.memory import (
+    available_bytes, check_kv_fits, check_weights_fit, log_memory, weights_estimate,
+)
 from radixlm.runtime.model.gguf_loader import gguf_source
 from radixlm.runtime.model.gguf_model import load_gguf_blocks
+from radixlm.runtime.model.quant.apply import weight_bytes
+from radixlm.runtime.model.quant.gguf_blocks import block_bytes
 from radixlm.runtime.model.quant.setup import WeightPlan, apply_plan, plan_weights
 from radixlm.runtime.model.layers.attention import AttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model.registry import build_model
@@ -156,6 +162,9 @@ class ModelRunner:
             self.tp = TPDriver(model_config, model_dir, hf_config, self.context_len, self.device, self.dtype)
             model = self.tp.model  # this rank's shard; its dims hold this rank's heads
         else:
+            if self.device.type == "cpu":
+                need = weights_estimate(Path(model_dir), plan.gguf_path, plan.quantization, self.dtype)
+                check_weights_fit(need, f"{self.quantization}, {str(self.dtype).removeprefix('torch.')}")
             model = self._load(model_dir, hf_config, plan, threads)
         # Compiled CPU ops (fp32 on the CPU, no TP): fused norms, rotary + K/V store, paged decode attention.
         self.cpu_ops = load_cpu_ops(self.device, self.dtype, self.tp is not None, model_config.attention_backend)
@@ -171,8 +180,13 @@ class ModelRunner:
         else:
             self.max_total_tokens = self.tp.start(lambda: self._capacity(cache_config, max_running_requests))
         d = self.dims
+        kv_bytes = self.max_total_tokens * KVPool.bytes_per_token(d.num_layers, d.num_kv_heads, d.head_dim, self.dtype)
+        if self.device.type == "cpu":
+            check_kv_fits(kv_bytes, self.max_total_tokens)
         self.kv_pool = KVPool(self.max_total_tokens, d.num_layers, d.num_kv_heads, d.head_dim,
                               self.dtype, self.device)
+        if self.device.type == "cpu":
+            log_memory(_loaded_bytes(model, plan), kv_bytes, self.max_total_tokens)
         if self.cpu_ops is not None:
             model.decode_stack, model.decode_stack_pool = decode_stack(model, self.cpu_ops, self.kv_pool), self.kv_pool
         # One-token steps through the stack leave the threads when another process holds a core (contention.py).
@@ -213,8 +227,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return max(1, int(free * cache.mem_fraction_static) // per_token)
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        tokens = int(avail * cache.mem_fraction_static) // per_token
+        tokens = int(available_bytes() * cache.mem_fraction_static) // per_token
         return max(1, min(tokens, _CPU_MAX_AUTO_TOKENS, max_running_requests * self.context_len))
 
     def _attention_backend(self, name: str) -> AttentionBackend:
@@ -276,6 +289,12 @@ class ModelRunner:
         """Stop the tensor-parallel worker ranks (nothing to do with tp_size == 1)."""
         if self.tp is not None:
             self.tp.close()
+
+
+def _loaded_bytes(model: nn.Module, plan: WeightPlan) -> int:
+    if plan.quantization == "gguf":  # the blocks (a tied head shares the embedding's) and the dense rest
+        return block_bytes(model) + sum(p.nbytes for p in model.parameters())
+    return weight_bytes(model)
 
 
 def _context_len(hf_config, requested: int | None) -> int:

@@ -59,11 +59,8 @@ def _block_ops():
 def apply_plan(model: nn.Module, plan: WeightPlan, hf_config) -> None:
     """Quantize the loaded model as planned (int4 from a GGUF's own 4-bit blocks where it has them)."""
     if plan.quantization == "gguf":
-        from radixlm.runtime.model.quant.gguf_blocks import block_bytes
-
-        total = block_bytes(model) + sum(p.nbytes for p in model.parameters())
-        logger.info("weights: the GGUF's own blocks (%s), read in place from %s, %.1f MB; CPU %s",
-                    _type_summary(model), plan.gguf_path.name, total / 1e6, plan.caps.describe())
+        logger.info("weights: the GGUF's own blocks (%s), read in place from %s; CPU %s",
+                    _type_summary(model), plan.gguf_path.name, plan.caps.describe())
         return
     source = None
     if plan.quantization == "int4" and plan.gguf_path is not None:

@@ -1,0 +1,98 @@
+"""What a model run takes from the host's memory: checked before loading, logged once loaded.
+
+Runs in the scheduler process on the CPU. A model that cannot fit fails at start with the numbers (its
+weights' bytes, what the machine has available), instead of being killed by the kernel's OOM killer part of
+the way through loading or at the first long prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SAFETENSORS_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1}
+# The share of the available memory the weights may take: the rest is for the KV pool, activations, and
+# the tokenizer and detokenizer processes.
+WEIGHTS_SHARE = 0.9
+
+
+def available_bytes() -> int:
+    """MemAvailable (what can be taken without swapping: free memory plus reclaimable caches)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (mapped file pages included, as for llama.cpp's mmap'd weights)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _safetensors_elements(path: Path) -> int:
+    """Values in a safetensors file, from its header alone."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    total = 0
+    for name, entry in header.items():
+        if name != "__metadata__":
+            n = 1
+            for d in entry["shape"]:
+                n *= d
+            total += n
+    return total
+
+
+def weights_estimate(model_dir: Path, gguf_path: Path | None, quantization: str, dtype: torch.dtype) -> int:
+    """The bytes the weights will take once loaded: a GGUF run from its blocks is its file's size; other
+    runs hold every value in `dtype` while loading (quantization happens after)."""
+    if gguf_path is not None and quantization == "gguf":
+        return gguf_path.stat().st_size
+    if gguf_path is not None:
+        import gguf
+
+        values = sum(int(t.n_elements) for t in gguf.GGUFReader(str(gguf_path)).tensors)
+    else:
+        values = sum(_safetensors_elements(f) for f in sorted(model_dir.glob("*.safetensors")))
+    return values * torch.tensor([], dtype=dtype).element_size()
+
+
+def check_weights_fit(need: int, what: str) -> None:
+    """ValueError naming the numbers when `need` bytes of weights cannot fit in the available memory."""
+    have = available_bytes()
+    if need > WEIGHTS_SHARE * have:
+        raise ValueError(
+            f"the model's weights need {need / 2**30:.1f} GiB ({what}) and this machine has "
+            f"{have / 2**30:.1f} GiB available: use a smaller or more quantized model (a Q4_K_M GGUF runs in "
+            f"about its file's size), or free memory")
+
+
+def check_kv_fits(kv_bytes: int, tokens: int) -> None:
+    """ValueError when a KV pool of an explicit size cannot fit in what is left after the weights."""
+    have = available_bytes()
+    if kv_bytes > have:
+        raise ValueError(
+            f"a KV pool of {tokens} tokens needs {kv_bytes / 2**30:.2f} GiB and {have / 2**30:.2f} GiB is "
+            f"available after loading the weights: lower --max-total-tokens")
+
+
+def log_memory(weights: int, kv_bytes: int, tokens: int) -> None:
+    logger.info("memory: weights %.1f MB, KV pool %.1f MB (%d tokens), process RSS %.1f MB, available %.1f MB",
+                weights / 1e6, kv_bytes / 1e6, tokens, rss_bytes() / 1e6, available_bytes() / 1e6)
