@@ -150,3 +150,64 @@ def test_the_startup_log_says_what_memory_the_run_takes(tmp_path, monkeypatch, c
     weights = float(line.split("weights ")[1].split(" MB")[0]) * 1e6
     assert 0.8 * path.stat().st_size < weights < 1.1 * path.stat().st_size  # the blocks, about the file
     assert "KV pool" in line and "(256 tokens)" in line and "process RSS" in line
+
+
+_HF_PEAK = """
+import json, sys
+from radixlm.kernels import cpu
+from radixlm.runtime.engine import Engine
+def status(key):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1]) * 1024
+cpu.load()
+with Engine(sys.argv[1], dtype="bfloat16", max_total_tokens=64, num_threads=1) as warm:
+    pass  # the imports and threads a first engine brings are not the weights
+before = status("VmRSS")
+with Engine(sys.argv[2], dtype="bfloat16", max_total_tokens=64, num_threads=1) as engine:
+    grown = status("VmHWM") - before
+    print(json.dumps({"grown": grown, "dtype": engine.get_server_info()["dtype"]}))
+"""
+
+
+def _big_bf16_checkpoint(small: Path, out: Path, layers: int, hidden: int, inter: int) -> int:
+    """The small checkpoint's tokenizer with random bf16 weights of a bigger Llama, written tensor by
+    tensor; returns the weights' bytes."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    shutil.copytree(small, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, head_dim=hidden // 4,
+               tie_word_embeddings=True, torch_dtype="bfloat16", dtype="bfloat16")
+    (out / "config.json").write_text(json.dumps(cfg))
+    kv = cfg["num_key_value_heads"] * hidden // 4
+    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                   p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+                   p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                   p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                   p + "mlp.down_proj.weight": (hidden, inter)}
+    tensors = {name: (torch.randn(shape) * 0.02).to(torch.bfloat16) for name, shape in shapes.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return sum(t.nbytes for t in tensors.values())
+
+
+def test_a_bf16_checkpoint_streams_into_bf16_weights(tmp_path):
+    """dtype=bfloat16 on a CPU that computes it natively: each tensor is cast into its parameter as it is
+    read, so loading peaks near the bf16 weights' size, not at an fp32 copy of the model (twice that)."""
+    from radixlm.runtime.model.quant.cpu_caps import cpu_caps
+
+    if not cpu_caps().native_bf16:
+        pytest.skip("this CPU has no native bf16: dtype=bfloat16 runs float32 here")
+    small = build_tiny_model(tmp_path / "small", "llama")
+    size = _big_bf16_checkpoint(small, tmp_path / "big", layers=12, hidden=1024, inter=4096)
+    env = dict(os.environ, RADIXLM_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", _HF_PEAK, str(small), str(tmp_path / "big")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["dtype"] == "bfloat16"
+    assert got["grown"] < 1.3 * size + (64 << 20), (got["grown"], size)  # an fp32 copy would be 2x size

@@ -261,22 +261,32 @@ class CausalLM(nn.Module):
 
     # ---- weights ----------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take HF-named tensors; q/k/v and gate/up are concatenated into the fused parameters (Phi-3's
-        checkpoints hold them fused already: qkv_proj, gate_up_proj in the same order)."""
-        pending: dict[str, torch.Tensor] = {}
+        """Take HF-named tensors one at a time, each copied into its parameter as it comes: q/k/v and
+        gate/up into their rows of the fused parameters (Phi-3's checkpoints hold them fused already:
+        qkv_proj, gate_up_proj in the same order), so no tensor is kept past its own copy."""
         loaded: set[str] = set()
+        fused_parts: dict[str, int] = {}
         params = {n for n, _ in self.named_parameters()}
+        unknown = []
         for name, tensor in weights:
             name = name.removeprefix("model.")
             if "rotary_emb" in name:
                 continue
             target = self._direct_target(name, params)
+            slot = None if target is not None else self._fused_slot(name, params)
             if target is not None:
                 _copy(self.get_parameter(target), tensor, name)
                 loaded.add(target)
+            elif slot is not None:
+                rows, target, count = slot
+                _copy(rows, tensor, name)
+                fused_parts[target] = fused_parts.get(target, 0) + 1
+                if fused_parts[target] == count:
+                    loaded.add(target)
             else:
-                pending[name] = tensor
-        self._load_fused(pending, loaded)
+                unknown.append(name)
+        if unknown:
+            raise ValueError(f"unexpected weights in checkpoint: {unknown[:5]}")
         if self.lm_head is not None and "lm_head" not in loaded and "embed_tokens" in loaded:
             self.lm_head.data.copy_(self.embed_tokens.data)  # checkpoint ties without saying so
             loaded.add("lm_head")
@@ -299,20 +309,33 @@ class CausalLM(nn.Module):
                 return f"layers.{idx}.{renames[sub]}"
         return name if name in params else None
 
-    def _load_fused(self, pending: dict[str, torch.Tensor], loaded: set[str]) -> None:
-        groups = {"self_attn.qkv_weight": [f"self_attn.{p}_proj.weight" for p in "qkv"],
-                  "self_attn.qkv_bias": [f"self_attn.{p}_proj.bias" for p in "qkv"],
-                  "gate_up_weight": ["mlp.gate_proj.weight", "mlp.up_proj.weight"]}
-        for i, layer in enumerate(self.layers):
-            for target, parts in groups.items():
-                names = [f"layers.{i}.{p}" for p in parts]
-                if not all(n in pending for n in names):
-                    continue
-                _copy(layer.get_parameter(target), torch.cat([pending.pop(n) for n in names]), names[0])
-                loaded.add(f"layers.{i}.{target}")
-        unknown = [n for n in pending if not n.endswith("rotary_emb.inv_freq")]
-        if unknown:
-            raise ValueError(f"unexpected weights in checkpoint: {unknown[:5]}")
+    def _fused_slot(self, name: str, params: set[str]) -> tuple[torch.Tensor, str, int] | None:
+        """For a part of a fused parameter (q/k/v, gate/up): its rows of that parameter, the parameter's
+        name and how many parts it has; None for any other name."""
+        prefix, _, rest = name.partition(".")
+        idx, _, sub = rest.partition(".")
+        group = next(((t, parts) for t, parts in _FUSED_GROUPS.items() if sub in parts), None)
+        if prefix != "layers" or group is None or f"layers.{idx}.{group[0]}" not in params:
+            return None
+        target, parts = group
+        layer = self.layers[int(idx)]
+        sizes = _part_rows(layer, target)
+        start = sum(sizes[: parts.index(sub)])
+        rows = layer.get_parameter(target).data[start:start + sizes[parts.index(sub)]]
+        return rows, f"layers.{idx}.{target}", len(parts)
+
+
+# Fused parameter -> the HF tensors stacked into it, in row order.
+_FUSED_GROUPS = {"self_attn.qkv_weight": [f"self_attn.{p}_proj.weight" for p in "qkv"],
+                 "self_attn.qkv_bias": [f"self_attn.{p}_proj.bias" for p in "qkv"],
+                 "gate_up_weight": ["mlp.gate_proj.weight", "mlp.up_proj.weight"]}
+
+
+def _part_rows(layer: nn.Module, target: str) -> list[int]:
+    if target == "gate_up_weight":
+        return [layer.intermediate, layer.intermediate]
+    attn = layer.self_attn
+    return [attn.q_size, attn.kv_size, attn.kv_size]
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

@@ -123,12 +123,11 @@ def _weight_files(model_dir: Path) -> list[Path]:
 
 
 def iter_weights(model_dir: str | os.PathLike, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF parameter name, tensor) for every tensor in the directory's safetensors, mmap'd.
+    """Yield (HF parameter name, tensor) for every tensor in the directory's safetensors, one at a time.
 
     Floating tensors are cast to dtype if given. A progress bar appears for sharded checkpoints, or
     after 2 s on a single file; tqdm hides it when stderr is not a terminal (tests, logs).
     """
-    from safetensors import safe_open
     from tqdm.auto import tqdm
 
     from radixlm.runtime.model.gguf_loader import gguf_source
@@ -141,15 +140,43 @@ def iter_weights(model_dir: str | os.PathLike, dtype: torch.dtype | None = None)
     bar = tqdm(total=len(files), desc="Loading weights", unit="shard", disable=None, delay=0 if len(files) > 1 else 2)
     try:
         for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    tensor = f.get_tensor(name)
-                    if dtype is not None and tensor.is_floating_point():
-                        tensor = tensor.to(dtype)
-                    yield name, tensor
+            for name, tensor in read_safetensors(file):
+                if dtype is not None and tensor.is_floating_point():
+                    tensor = tensor.to(dtype)
+                yield name, tensor
             bar.update(1)
     finally:
         bar.close()
+
+
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+            "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for each tensor of a safetensors file, read with plain file reads into a tensor of
+    its own. Not mmap: the mapped pages of the whole file would count in the process's memory on top of
+    the weights loaded from them, doubling a load's peak."""
+    import torch
+
+    dtypes = _torch_dtypes()
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+        header.pop("__metadata__", None)
+        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            if entry["dtype"] not in dtypes:
+                raise ValueError(f"{path.name}: tensor {name} has dtype {entry['dtype']}, which radixlm cannot read")
+            start, end = entry["data_offsets"]
+            tensor = torch.empty(entry["shape"], dtype=dtypes[entry["dtype"]])
+            f.seek(8 + header_len + start)
+            if f.readinto(tensor.view(-1).view(torch.uint8).numpy()) != end - start:
+                raise ValueError(f"{path.name} is truncated (tensor {name})")
+            yield name, tensor
 
 
 def _dequantized_gguf(model_dir: str | os.PathLike, gguf_path: Path, dtype: torch.dtype | None
