@@ -1,7 +1,8 @@
 """The GGUF block kernels (radixlm/kernels/cpu/csrc/gguf_blocks.cpp) against the gguf package's own
 dequantization (gguf.quants.dequantize) and a float matmul, for every type they take, in the native and the
-AVX2 build: dequantization bit for bit, the linear within fp32 summation order, several parts of mixed
-types stacked by rows, bias, batch invariance; and the Python wrapper's many-row (tiled) path."""
+AVX2 build: dequantization bit for bit, the linear within fp32 summation order, the int8-activation linear
+within what rounding x to int8 implies, several parts of mixed types stacked by rows, bias, batch
+invariance; and the Python wrapper's paths."""
 
 from __future__ import annotations
 
@@ -102,12 +103,23 @@ def test_bad_input_is_a_clear_error(ops) -> None:
 
 @pytest.mark.parametrize("rows", [1, gguf_blocks.GEMV_MAX_ROWS + 1, 70])
 def test_the_python_linear_takes_both_paths_to_the_same_result(rows: int, monkeypatch) -> None:
-    """Few rows: the block GEMV; many: dequantized tiles and torch's GEMM (small tiles here, so several)."""
+    """Few rows: the block GEMV (fp32 activations here: an F16 part); many: dequantized tiles and torch's
+    GEMM (small tiles here, so several)."""
     monkeypatch.setattr(gguf_blocks, "TILE_BYTES", 4 * 512 * 24)
-    w = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q6_K, 40, 512, seed=2)))
+    w = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q6_K, 40, 512, seed=2), matrix(Q.F16, 8, 512, seed=3)))
     dense = torch.cat([gguf_blocks.dequantize(p) for p in w.parts])
-    x, bias = torch.randn(2, rows, 512), torch.randn(88)
+    x, bias = torch.randn(2, rows, 512), torch.randn(96)
     close(gguf_blocks.gguf_linear(x, w, bias), F.linear(x, dense, bias))
+
+
+def test_the_python_linear_takes_int8_activations_for_few_rows_of_q8_types() -> None:
+    w = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q6_K, 40, 512, seed=2)))
+    ops, data, types = gguf_blocks._ops(), [p.data for p in w.parts], [p.qtype for p in w.parts]
+    x, bias = torch.randn(3, 512), torch.randn(88)
+    assert torch.equal(gguf_blocks.gguf_linear(x, w, bias), ops.gguf_linear_q8(x, data, types, bias))
+    many = torch.randn(gguf_blocks.GEMV_MAX_ROWS + 1, 512)
+    dense = torch.cat([gguf_blocks.dequantize(p) for p in w.parts])
+    close(gguf_blocks.gguf_linear(many, w, bias), F.linear(many, dense, bias))
 
 
 def test_embedding_dequantizes_the_looked_up_rows() -> None:
@@ -115,3 +127,87 @@ def test_embedding_dequantizes_the_looked_up_rows() -> None:
     ids = torch.tensor([[3, 99, 3], [0, 50, 7]])
     want = F.embedding(ids, gguf_blocks.dequantize(table))
     assert torch.equal(gguf_blocks.embedding(ids, table), want)
+
+
+# ---- int8 activations (gguf_linear_q8) --------------------------------------------------------------------
+
+Q8_TYPES = [t for t in TYPES if t.value in gguf_blocks.Q8_TYPES]
+
+
+def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x as the kernel rounds it (blocks of 32: dx = max|x| / 127 in fp32, q = rint(x * (127 / max|x|))), as
+    float64 dx * q, and each value's dx."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    dx = amax / 127
+    rounded = torch.round(xb * inv).double() * dx.double()  # torch.round: half to even, as nearbyint
+    return rounded.reshape(x.shape), dx.expand_as(xb).reshape(x.shape).double()
+
+
+def check_q8(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """got against the float matmul of the dequantized weight, within what int8 activations imply: x_i is
+    dx * q_i + e_i with |e_i| <= dx / 2, so |y - y_ref| <= sum_i |w_i| * dx_i / 2 per output, plus fp32
+    summation (1e-5 of sum_i |w_i x_i|, far below it). And against the exact dot products with x rounded
+    as the kernel rounds it, within fp32 summation: that catches errors the rounding bound would hide."""
+    w64 = w.double()
+    b = 0 if bias is None else bias.double()
+    xq, dx = int8_rows(x)
+    fp32_slack = 1e-5 * (x.double().abs() @ w64.abs().T)
+    bound = (dx @ w64.abs().T) / 2 + fp32_slack
+    err = (got.double() - (x.double() @ w64.T + b)).abs()
+    assert bool((err <= bound).all()), f"int8 rounding bound exceeded: {float((err / bound).max()):.3f} of it"
+    exact = xq @ w64.T + b
+    torch.testing.assert_close(got.double(), exact, rtol=0, atol=float(fp32_slack.max()))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("qtype", Q8_TYPES, ids=lambda t: t.name)
+def test_q8_linear_is_the_matmul_up_to_int8_activation_rounding(ops, qtype: Q, rows: int) -> None:
+    # 96 inputs: an odd number of 32-value blocks, so the last 64-value chunk is half padding.
+    for inp in [768, 1536] + ([96] if gguf.GGML_QUANT_SIZES[qtype][0] == 32 else []):
+        blocks = blocks_of(qtype, 40, inp, seed=rows)
+        w = reference(blocks, qtype, inp)
+        x, bias = torch.randn(rows, inp), torch.randn(40)
+        data = torch.from_numpy(blocks)
+        check_q8(ops.gguf_linear_q8(x, [data], [qtype.value], None), x, w)
+        check_q8(ops.gguf_linear_q8(x, [data], [qtype.value], bias), x, w, bias)
+
+
+def test_q8_parts_of_mixed_types_stack_by_rows(ops) -> None:
+    parts = [(t, 8 + 4 * i) for i, t in enumerate(Q8_TYPES)]
+    blocks = [blocks_of(t, rows, 512, seed=i) for i, (t, rows) in enumerate(parts)]
+    w = torch.cat([reference(b, t, 512) for b, (t, _) in zip(blocks, parts)])
+    x, bias = torch.randn(5, 512) * 3, torch.randn(w.shape[0])
+    got = ops.gguf_linear_q8(x, [torch.from_numpy(b) for b in blocks], [t.value for t, _ in parts], bias)
+    check_q8(got, x, w, bias)
+
+
+def test_q8_a_row_has_the_same_bits_alone_and_in_any_batch(ops) -> None:
+    parts = [(t, 24) for t in Q8_TYPES]
+    data = [torch.from_numpy(blocks_of(t, rows, 1024, seed=i)) for i, (t, rows) in enumerate(parts)]
+    types = [t.value for t, _ in parts]
+    x = torch.randn(8, 1024)
+    together = ops.gguf_linear_q8(x, data, types, None)
+    for i in range(8):
+        assert torch.equal(ops.gguf_linear_q8(x[i:i + 1], data, types, None)[0], together[i])
+        assert torch.equal(ops.gguf_linear_q8(x[i:i + 3], data, types, None)[0], together[i])
+
+
+def test_q8_native_and_avx2_builds_give_the_same_bits() -> None:
+    """Both builds form the same exact int32 lane sums (VNNI or maddubs + madd) and then the same fp32
+    operations in the same order."""
+    from radixlm.kernels.cpu import build
+
+    native, avx2 = build.load("native"), build.load("avx2")
+    parts = [(t, 16) for t in Q8_TYPES]
+    data = [torch.from_numpy(blocks_of(t, rows, 768, seed=i)) for i, (t, rows) in enumerate(parts)]
+    types = [t.value for t, _ in parts]
+    x, bias = torch.randn(5, 768), torch.randn(16 * len(parts))
+    assert torch.equal(native.gguf_linear_q8(x, data, types, bias), avx2.gguf_linear_q8(x, data, types, bias))
+
+
+def test_q8_takes_only_its_types(ops) -> None:
+    data = torch.from_numpy(blocks_of(Q.Q3_K, 4, 256, seed=0))
+    with pytest.raises(RuntimeError, match="type 11 has no int8-activation kernel"):
+        ops.gguf_linear_q8(torch.randn(1, 256), [data], [Q.Q3_K.value], None)

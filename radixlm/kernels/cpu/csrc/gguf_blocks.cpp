@@ -413,10 +413,33 @@ inline u8x32 load_u8x32(const uint8_t* p) {
 inline u8x32 join(u8x16 lo, u8x16 hi) { return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31); }
 inline u8x64 join(u8x32 lo, u8x32 hi) { return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63); }
 
-// Lanes 0-7 (the chunk's first 32 values) a, lanes 8-15 b.
+// Lanes 0-7 (the chunk's first 32 values) a, lanes 8-15 b. (Intrinsics: GCC's shuffles of a narrower
+// vector into f32x16 go through the stack.)
 inline f32x16 halves(float a, float b) {
-  const f32x4 ab = {a, b, 0.f, 0.f};
-  return __builtin_shufflevector(ab, ab, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+#ifdef __AVX512F__
+  return (f32x16)_mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+#else
+  const __m256 h[2] = {_mm256_set1_ps(a), _mm256_set1_ps(b)};
+  f32x16 v;
+  std::memcpy(&v, h, sizeof v);
+  return v;
+#endif
+}
+
+// Lanes 4g .. 4g+3 p[g]: one scale per 16 values.
+inline f32x16 quarters(const float* p) {
+  const __m128 v = _mm_loadu_ps(p);
+#ifdef __AVX512F__
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return (f32x16)_mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+#else
+  const __m256 w = _mm256_castps128_ps256(v);
+  const __m256 h[2] = {_mm256_permutevar8x32_ps(w, _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0)),
+                       _mm256_permutevar8x32_ps(w, _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2))};
+  f32x16 out;
+  std::memcpy(&out, h, sizeof out);
+  return out;
+#endif
 }
 
 // ((v >> from) & mask) << to in every byte, as one 16-bit shift and one mask (x86 has no byte shifts; the
@@ -439,12 +462,6 @@ inline u8x64 nibble_pair(const uint8_t* a, const uint8_t* b) {
                                  60, 61, 62, 63);
 }
 
-// Lanes 4g .. 4g+3 p[g]: one scale per 16 values.
-inline f32x16 quarters(const float* p) {
-  f32x4 v;
-  std::memcpy(&v, p, sizeof v);
-  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-}
 
 // 0x10 in byte j where bit j of `bits` is set: a Q5 block's fifth bits, in place.
 inline u8x32 fifth_bits(uint32_t bits) {
@@ -667,15 +684,20 @@ struct Q4_Kq {
   static constexpr int kZeroShift = -1;
   static constexpr bool kMin = true, kSigned = false;
   struct Scales { float a[8], m[8]; };
+  // The 8 six-bit scales and mins unpacked together (ggml's utmp shuffle: bytes 0-7 scales, 8-15 mins),
+  // then scaled 16 at a time.
   static Scales prepare(const uint8_t* b) {
+    uint32_t t[4];
+    std::memcpy(t, b + 4, 12);
+    constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    t[3] = ((t[2] >> 4) & k2) | (((t[1] >> 6) & k3) << 4);
+    const uint32_t mins_lo = t[1] & k1;
+    t[1] = (t[2] & k2) | (((t[0] >> 6) & k3) << 4);
+    t[2] = mins_lo;
+    t[0] &= k1;
+    const f32x16 v = to_f32(load_u8(reinterpret_cast<const uint8_t*>(t))) * halves(f16(b), -f16(b + 2));
     Scales s;
-    const float d = f16(b), dmin = f16(b + 2);
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, mn;
-      scale_min_k4(j, b + 4, sc, mn);
-      s.a[j] = d * float(sc);
-      s.m[j] = -(dmin * float(mn));
-    }
+    std::memcpy(&s, &v, sizeof s);
     return s;
   }
   // Chunk c: sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles) of the same 32 bytes.
@@ -710,7 +732,8 @@ struct Q6_Kq {
   static Scales prepare(const uint8_t* b) {
     Scales s;
     const float d = f16(b + 208);
-    for (int g = 0; g < 16; ++g) s.a[g] = d * float(int8_t(b[192 + g]));
+    const f32x16 v = to_f32(load_i8(b + 192)) * d;
+    std::memcpy(s.a, &v, sizeof v);
     return s;
   }
   // Chunk c: half c / 2 of the block (64 ql bytes, 32 qh bytes); c even takes the low nibbles and qh bits

@@ -4,7 +4,9 @@ Runs in the scheduler process. A GGUF model in `quantization=gguf` (auto's choic
 every 2-D tensor as a BlockMatrix: a [rows, row_bytes] uint8 view of the memory-mapped file (only llama's
 q/k rows, which llama.cpp's converter permuted, are a reordered copy). The compiled ops
 (radixlm/kernels/cpu/csrc/gguf_blocks.cpp) read the blocks directly:
-  - steps of up to GEMV_MAX_ROWS rows (decode): gguf_linear dequantizes each weight row once into a
+  - steps of up to GEMV_MAX_ROWS rows (decode), every part of a type in Q8_TYPES: gguf_linear_q8 rounds
+    each activation row to int8 in blocks of 32 (as llama.cpp does) and takes integer dot products with
+    the weight's own quantized values; other types: gguf_linear dequantizes each weight row once into a
     cache-resident buffer and multiplies it with every activation row (fp32 activations, no rounding);
   - larger steps (prefill): the weight is dequantized a tile of rows at a time and multiplied by torch's
     fp32 GEMM, so the arithmetic runs at the GEMM's rate and the fp32 copy never exceeds one tile;
@@ -21,6 +23,8 @@ import torch
 # ggml type ids the kernels take (ggml.h enum ggml_type), by GGUF name.
 KERNEL_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
                 "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+# The types gguf_linear_q8 (int8 activations) takes; the float types and Q2_K / Q3_K keep fp32 activations.
+Q8_TYPES = frozenset(KERNEL_TYPES[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))
 # Rows at most this many go through the block GEMV; more go through dequantized tiles and a GEMM.
 GEMV_MAX_ROWS = 8
 # The fp32 tile a many-row matmul dequantizes at a time.
@@ -95,7 +99,8 @@ def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None
     ops = _ops()
     x2 = x.reshape(-1, x.shape[-1]).float()
     if x2.shape[0] <= GEMV_MAX_ROWS:
-        y = ops.gguf_linear(x2, [p.data for p in w.parts], [p.qtype for p in w.parts], bias)
+        linear = ops.gguf_linear_q8 if all(p.qtype in Q8_TYPES for p in w.parts) else ops.gguf_linear
+        y = linear(x2, [p.data for p in w.parts], [p.qtype for p in w.parts], bias)
     else:
         y = _tiled_matmul(x2.contiguous(), w, ops)
         if bias is not None:
