@@ -104,15 +104,30 @@ def test_bad_input_is_a_clear_error(ops) -> None:
 @pytest.mark.parametrize("rows", [1, gguf_blocks.GEMV_MAX_ROWS + 1, 70])
 def test_the_python_linear_takes_both_paths_to_the_same_result(rows: int, monkeypatch) -> None:
     """Few rows: the block GEMV (fp32 activations here: an F16 part); many: dequantized tiles and torch's
-    GEMM (small tiles here, so several)."""
+    GEMM (small tiles here, so several; in fp32 here, see the bf16 test below)."""
     monkeypatch.setattr(gguf_blocks, "TILE_BYTES", 4 * 512 * 24)
+    monkeypatch.setattr(gguf_blocks, "gemm_dtype", lambda: torch.float32)
     w = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q6_K, 40, 512, seed=2), matrix(Q.F16, 8, 512, seed=3)))
     dense = torch.cat([gguf_blocks.dequantize(p) for p in w.parts])
     x, bias = torch.randn(2, rows, 512), torch.randn(96)
     close(gguf_blocks.gguf_linear(x, w, bias), F.linear(x, dense, bias))
 
 
-def test_the_python_linear_takes_int8_activations_for_few_rows_of_q8_types() -> None:
+def test_many_rows_multiply_in_bf16_where_the_cpu_computes_it(monkeypatch) -> None:
+    """The bf16 GEMM of many-row steps: the fp32 result of bf16-rounded x and weights (each rounded once,
+    relative error <= 2^-8), so within a bound of sum |w| |x| 2^-7 of the exact product."""
+    monkeypatch.setattr(gguf_blocks, "gemm_dtype", lambda: torch.bfloat16)
+    w = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q5_0, 40, 512, seed=2)))
+    dense = torch.cat([gguf_blocks.dequantize(p) for p in w.parts])
+    x = torch.randn(40, 512)
+    got, want = gguf_blocks.gguf_linear(x, w), F.linear(x, dense)
+    bound = F.linear(x.abs(), dense.abs()) * 2.0 ** -7
+    assert bool(((got - want).abs() <= bound).all())
+    assert not torch.equal(got, want)  # the bf16 path did run
+
+
+def test_the_python_linear_takes_int8_activations_for_few_rows_of_q8_types(monkeypatch) -> None:
+    monkeypatch.setattr(gguf_blocks, "gemm_dtype", lambda: torch.float32)
     w = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q6_K, 40, 512, seed=2)))
     ops, data, types = gguf_blocks._ops(), [p.data for p in w.parts], [p.qtype for p in w.parts]
     x, bias = torch.randn(3, 512), torch.randn(88)

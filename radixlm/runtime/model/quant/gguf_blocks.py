@@ -9,7 +9,8 @@ q/k rows, which llama.cpp's converter permuted, are a reordered copy). The compi
     the weight's own quantized values; other types: gguf_linear dequantizes each weight row once into a
     cache-resident buffer and multiplies it with every activation row (fp32 activations, no rounding);
   - larger steps (prefill): the weight is dequantized a tile of rows at a time and multiplied by torch's
-    fp32 GEMM, so the arithmetic runs at the GEMM's rate and the fp32 copy never exceeds one tile;
+    GEMM (bf16 where the CPU computes it natively, else fp32), so the arithmetic runs at the GEMM's rate
+    and the dequantized copy never exceeds one tile;
   - the embedding lookup dequantizes only the looked-up rows.
 """
 
@@ -81,15 +82,27 @@ def embedding(ids: torch.Tensor, table: BlockMatrix) -> torch.Tensor:
     return _ops().gguf_dequantize(rows, table.qtype, table.in_features).reshape(*ids.shape, table.in_features)
 
 
-def _tiled_matmul(x: torch.Tensor, w: GGUFWeight, ops) -> torch.Tensor:
-    """x [M, in] @ W^T for many rows: each tile of weight rows dequantized once, then torch's fp32 GEMM."""
+@functools.cache
+def gemm_dtype() -> torch.dtype:
+    """What many-row steps multiply in: bf16 where the CPU computes it natively (AMX / AVX512-BF16: several
+    times fp32's GEMM rate; the weights are 4-6-bit values and the decode path rounds activations to int8
+    already), else fp32."""
+    from radixlm.runtime.model.quant.cpu_caps import cpu_caps
+
+    return torch.bfloat16 if cpu_caps().native_bf16 else torch.float32
+
+
+def _tiled_matmul(x: torch.Tensor, w: GGUFWeight, ops, dtype: torch.dtype) -> torch.Tensor:
+    """x [M, in] @ W^T for many rows: each tile of weight rows dequantized once, then torch's GEMM in
+    `dtype` (fp32 output)."""
     y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+    xd = x.to(dtype)
     step = max(1, TILE_BYTES // (4 * w.in_features))
     col = 0
     for part in w.parts:
         for r0 in range(0, part.rows, step):
-            tile = ops.gguf_dequantize(part.data[r0:r0 + step], part.qtype, part.in_features)
-            y[:, col:col + tile.shape[0]] = x @ tile.t()
+            tile = ops.gguf_dequantize(part.data[r0:r0 + step], part.qtype, part.in_features).to(dtype)
+            y[:, col:col + tile.shape[0]] = xd @ tile.t()
             col += tile.shape[0]
     return y
 
@@ -102,7 +115,7 @@ def gguf_linear(x: torch.Tensor, w: GGUFWeight, bias: torch.Tensor | None = None
         linear = ops.gguf_linear_q8 if all(p.qtype in Q8_TYPES for p in w.parts) else ops.gguf_linear
         y = linear(x2, [p.data for p in w.parts], [p.qtype for p in w.parts], bias)
     else:
-        y = _tiled_matmul(x2.contiguous(), w, ops)
+        y = _tiled_matmul(x2.contiguous(), w, ops, gemm_dtype())
         if bias is not None:
             y.add_(bias)
     return y.to(x.dtype).reshape(*x.shape[:-1], w.out_features)
