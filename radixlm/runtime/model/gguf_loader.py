@@ -130,8 +130,9 @@ def prepare_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
 
     Raises FileNotFoundError for a missing file and ValueError for an unsupported architecture.
     """
-    import gguf
     from transformers import GenerationConfig
+
+    from radixlm.runtime.model.gguf_file import GGUFFile
 
     src, out = Path(gguf_path).resolve(), Path(out_dir)
     if not src.is_file():
@@ -139,7 +140,7 @@ def prepare_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     with file_lock(out.with_name(out.name + ".lock")):
         if (out / "config.json").is_file():  # another process finished while we waited
             return out
-        reader = gguf.GGUFReader(str(src))
+        reader = GGUFFile(src)
         arch = gguf_arch(reader)
         config = build_hf_config(reader, arch)
         for t in reader.tensors:  # every name maps, or the error comes now rather than at load

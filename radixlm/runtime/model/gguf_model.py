@@ -1,6 +1,6 @@
 """A GGUF file's tensors into a CausalLM: as the file's own blocks (quantization=gguf) or dequantized.
 
-Runs in the scheduler process. The file is memory-mapped (gguf.GGUFReader): with the blocks kept, loading
+Runs in the scheduler process. The file is memory-mapped (gguf_file.py): with the blocks kept, loading
 costs no copy of the weights, the process holds the file's pages as llama.cpp does, and a model runs in
 about its file's size. Every 2-D tensor becomes a quant.gguf_blocks.BlockMatrix; the 1-D ones (norms,
 biases) are read as fp32 through the model's own load_weights.
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from radixlm.runtime.model.gguf_file import GGUFFile
 from radixlm.runtime.model.gguf_meta import (
     NON_PARAMETER_TENSORS, dequantize_tensor, gguf_arch, hf_tensor_name, hf_tensor_offset, unpermute_qk,
 )
@@ -26,10 +27,8 @@ from radixlm.runtime.model.quant.gguf_blocks import KERNEL_TYPES, BlockMatrix, G
 logger = logging.getLogger(__name__)
 
 
-def open_gguf(path: Path) -> Any:
-    import gguf
-
-    return gguf.GGUFReader(str(path))
+def open_gguf(path: Path) -> GGUFFile:
+    return GGUFFile(path)
 
 
 def _qk_heads(hf_config, hf_name: str) -> int | None:
