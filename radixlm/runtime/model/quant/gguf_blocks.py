@@ -26,8 +26,9 @@ KERNEL_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, 
                 "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
 # The types gguf_linear_q8 (int8 activations) takes; the float types and Q2_K / Q3_K keep fp32 activations.
 Q8_TYPES = frozenset(KERNEL_TYPES[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))
-# Rows at most this many go through the block GEMV; more go through dequantized tiles and a GEMM.
-GEMV_MAX_ROWS = 8
+# Rows at most this many go through the block GEMV (it reads the compressed blocks once per 4 rows); more
+# go through dequantized tiles and a GEMM, whose cost is mostly the dequantization and barely grows with rows.
+GEMV_MAX_ROWS = 16
 # The fp32 tile a many-row matmul dequantizes at a time.
 TILE_BYTES = 4 << 20
 
