@@ -39,8 +39,9 @@ _EXTRAS: dict[str, FlagExtra] = {
     "model_path": FlagExtra(help="HF directory or .gguf file (default: SmolLM2-135M-Instruct)"),
     "dtype": FlagExtra(choices=("auto", "float32", "bfloat16", "float16"),
                        help="bfloat16 on a CPU without native bf16 falls back to float32 (docs/engine.md)"),
-    "quantization": FlagExtra(choices=("auto", "none", "int8", "int4"),
-                              help="CPU weight quantization (docs/engine.md, 'Quantized and bf16 weights')"),
+    "quantization": FlagExtra(choices=("auto", "none", "int8", "int4", "gguf"),
+                              help="CPU weights: int8, int4, none, or gguf (a GGUF's own blocks, auto's choice "
+                                   "for a GGUF; docs/engine.md)"),
     "num_threads": FlagExtra(help="torch threads on CPU (default: every core; `serve` leaves one core to its IO "
                                   "processes on 3-8 cores, docs/server.md)"),
     "attention_backend": FlagExtra(choices=("auto", "torch", "triton")),

@@ -16,8 +16,8 @@ class ModelConfig:
     tokenizer_path: str | None = None  # None = the model directory
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: float32 on CPU, bfloat16 on CUDA)
     device: str = "auto"  # auto | cpu | cuda
-    # Weight quantization on the CPU (model/quant/apply.py; SGLang's name): auto | none | int8 | int4.
-    # auto: a q8_0 / 4-bit GGUF keeps its precision (int8 / int4), anything else as quant.apply.DEFAULT_CPU.
+    # Weight quantization on the CPU (model/quant/apply.py; SGLang's name): auto | none | int8 | int4 | gguf.
+    # auto: a GGUF on the CPU runs from its own blocks (gguf), anything else as quant.apply.DEFAULT_CPU.
     quantization: str = "auto"
     context_length: int | None = None  # None = the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads on CPU; None = number of physical cores

@@ -88,12 +88,19 @@ def _write_weights(reader: Any, config: Any, out_dir: Path, progress: bool) -> N
     _name_shards(out_dir, groups, total_bytes)
 
 
-def _write_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None) -> None:
-    """Build a fast tokenizer from the GGUF metadata with transformers (tokenizer only, no weights)."""
+def _write_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None, config: Any = None) -> None:
+    """Build a fast tokenizer from the GGUF metadata with transformers (tokenizer only, no weights).
+
+    With the config, its tokenizer class is asked directly: AutoTokenizer would first read the whole file's
+    metadata through gguf.GGUFReader to find the class, which takes most of the time on a large vocabulary.
+    """
     from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
     logger.info("Building the tokenizer from %s's metadata", gguf_path.name)
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    cls = TOKENIZER_MAPPING.get(type(config), AutoTokenizer) if config is not None else AutoTokenizer
+    cls = next(c for c in cls if c is not None) if isinstance(cls, tuple) else cls
+    tok = cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     if chat_template:  # the GGUF's own template wins over anything the converter guessed
         tok.chat_template = chat_template
     tok.save_pretrained(str(out_dir))
@@ -119,7 +126,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
         config = build_hf_config(reader, arch)
         with atomic_output_dir(out) as tmp:
             _write_weights(reader, config, tmp, progress)
-            _write_tokenizer(src, tmp, read_field(reader, "tokenizer.chat_template"))
+            _write_tokenizer(src, tmp, read_field(reader, "tokenizer.chat_template"), config)
             GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
             config.save_pretrained(str(tmp))  # last: config.json marks a complete directory
     return out
@@ -147,7 +154,7 @@ def prepare_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
             if t.name not in NON_PARAMETER_TENSORS:
                 hf_tensor_name(t.name, arch)
         with atomic_output_dir(out) as tmp:
-            _write_tokenizer(src, tmp, read_field(reader, "tokenizer.chat_template"))
+            _write_tokenizer(src, tmp, read_field(reader, "tokenizer.chat_template"), config)
             GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
             (tmp / GGUF_MARKER).write_text(json.dumps({"gguf": str(src)}))
             config.save_pretrained(str(tmp))  # last: config.json marks a complete directory
