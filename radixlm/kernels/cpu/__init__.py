@@ -20,9 +20,10 @@ weight_layout.py take the GEMVs).
   csrc/gemv.cpp          pack_rows (a weight into the tiled layout), int8_linear and f32_linear: few-row linear
                          layers on tiled int8 (per-channel scales) or fp32 weights, fp32 activations
   csrc/gguf_blocks.cpp   gguf_dequantize (a GGUF tensor's blocks -> fp32, bit for bit the gguf package's),
-                         gguf_linear (few-row linear on the blocks, fp32 activations), gguf_linear_q8 (the same
-                         with each activation row rounded to int8 blocks, integer dot products as llama.cpp's);
-                         their reference is gguf.quants.dequantize and a float matmul (test_cpu_gguf_blocks.py)
+                         gguf_linear (few-row linear on the blocks, fp32 activations)
+  csrc/gguf_q8.cpp       gguf_linear_q8 (gguf_linear with each activation row rounded to int8 blocks, integer
+                         dot products as llama.cpp's); csrc/gguf_common.h: what the two share. Their reference
+                         is gguf.quants.dequantize and a float matmul (test_cpu_gguf_blocks.py)
   csrc/ops.h             the ops one op file calls from another; csrc/fast_exp.h: a vectorisable expf
 """
 

@@ -66,9 +66,9 @@ def weights_estimate(model_dir: Path, gguf_path: Path | None, quantization: str,
     if gguf_path is not None and quantization == "gguf":
         return gguf_path.stat().st_size
     if gguf_path is not None:
-        import gguf
+        from radixlm.runtime.model.gguf_file import GGUFFile
 
-        values = sum(int(t.n_elements) for t in gguf.GGUFReader(str(gguf_path)).tensors)
+        values = sum(t.n_elements for t in GGUFFile(gguf_path).tensors)
     else:
         values = sum(_safetensors_elements(f) for f in sorted(model_dir.glob("*.safetensors")))
     return values * torch.tensor([], dtype=dtype).element_size()
