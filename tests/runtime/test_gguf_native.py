@@ -6,6 +6,7 @@ about the file's size, not an fp32 copy; a type without a kernel is refused by n
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -47,11 +48,12 @@ def greedy(path: Path, **kwargs) -> tuple[list[list[int]], dict]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # llama: q/k rows unpermuted; qwen2: q/k/v biases
-def test_a_mixed_gguf_runs_from_its_blocks_as_its_dequantized_weights_do(tmp_path, monkeypatch, arch):
+def test_a_mixed_gguf_runs_from_its_blocks_as_its_dequantized_weights_do(tmp_path, monkeypatch, caplog, arch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(cache))
     path = mixed_gguf(tmp_path, arch)
-    blocks, info = greedy(path)
+    with caplog.at_level(logging.INFO, logger="radixlm.runtime.model.memory"):
+        blocks, info = greedy(path)
     assert info["quantization"] == "gguf"
     dense, dense_info = greedy(path, quantization="none")
     assert dense_info["quantization"] == "none"
@@ -60,6 +62,11 @@ def test_a_mixed_gguf_runs_from_its_blocks_as_its_dequantized_weights_do(tmp_pat
     written = [f for f in (cache / "gguf").rglob("*") if f.is_file()]
     assert written and not [f for f in written if f.suffix == ".safetensors"]  # no fp32 copy, ever
     assert sum(f.stat().st_size for f in written) < path.stat().st_size  # config + tokenizer only
+    # The start-up line says what the run takes: the blocks' bytes (about the file), the pool, the RSS.
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("memory:"))
+    weights = float(line.split("weights ")[1].split(" MB")[0]) * 1e6
+    assert 0.8 * path.stat().st_size < weights < 1.1 * path.stat().st_size
+    assert "KV pool" in line and "(512 tokens)" in line and "process RSS" in line
 
 
 def test_a_type_without_a_kernel_is_refused_by_name(tmp_path, monkeypatch):
@@ -136,20 +143,6 @@ def test_a_model_that_cannot_fit_fails_at_start_with_the_numbers(tmp_path, monke
     monkeypatch.setattr(memory, "available_bytes", lambda: 4 * path.stat().st_size)
     with pytest.raises(Exception, match="a KV pool of 1000000 tokens needs .* lower --max-total-tokens"):
         Engine(str(path), max_total_tokens=1_000_000)
-
-
-def test_the_startup_log_says_what_memory_the_run_takes(tmp_path, monkeypatch, caplog):
-    import logging
-
-    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
-    path = mixed_gguf(tmp_path, "qwen2")
-    with caplog.at_level(logging.INFO, logger="radixlm.runtime.model.memory"):
-        with Engine(str(path), max_total_tokens=256):
-            pass
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("memory:"))
-    weights = float(line.split("weights ")[1].split(" MB")[0]) * 1e6
-    assert 0.8 * path.stat().st_size < weights < 1.1 * path.stat().st_size  # the blocks, about the file
-    assert "KV pool" in line and "(256 tokens)" in line and "process RSS" in line
 
 
 _HF_PEAK = """
