@@ -20,12 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from radixlm.runtime.model.gguf_meta import NON_PARAMETER_TENSORS, build_hf_config, gguf_arch, hf_tensor_name, read_field
 from radixlm.runtime.model.loader import atomic_output_dir, file_lock
 
 logger = logging.getLogger(__name__)
@@ -37,11 +35,6 @@ GGUF_MARKER = "gguf.json"
 
 # Converted weights are written in shards of at most this many bytes (peak memory while converting).
 SHARD_BYTES = 2 << 30
-
-from radixlm.runtime.model.gguf_meta import (  # noqa: F401 (re-exported)
-    NON_PARAMETER_TENSORS, SUPPORTED_ARCHS, build_hf_config, dequantize_tensor, gguf_arch, hf_tensor_name, read_field,
-    unpermute_qk,
-)
 
 
 def _save_part(tensors: dict[str, Any], out_dir: Path, index: int) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixlm.runtime.model.gguf_loader import gguf_arch, hf_tensor_name, unpermute_qk
+from radixlm.runtime.model.gguf_meta import gguf_arch, hf_tensor_name, unpermute_qk
 from radixlm.runtime.model.quant.kernels import GROUP
 
 # Byte offset of the 4-bit values inside each block (after the block's scales).
