@@ -23,26 +23,26 @@ _SAFETENSORS_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 
 WEIGHTS_SHARE = 0.9
 
 
-def available_bytes() -> int:
-    """MemAvailable (what can be taken without swapping: free memory plus reclaimable caches)."""
+def _proc_kb(path: str, key: str) -> int | None:
+    """A "Key:  N kB" line of a /proc file, in bytes; None where it cannot be read."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def available_bytes() -> int:
+    """MemAvailable (what can be taken without swapping: free memory plus reclaimable caches)."""
+    found = _proc_kb("/proc/meminfo", "MemAvailable")
+    return found if found is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def rss_bytes() -> int:
     """This process's resident memory (mapped file pages included, as for llama.cpp's mmap'd weights)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_kb("/proc/self/status", "VmRSS") or 0
 
 
 def _safetensors_elements(path: Path) -> int:

@@ -133,16 +133,22 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& mn) {
   }
 }
 
+// Q4_K / Q5_K: the float scale and min of sub-block j (ggml: d * sc, dmin * m).
+struct SubScale {
+  float d, m;
+};
+
+inline SubScale sub_scale(int j, const uint8_t* block) {
+  uint8_t sc, mn;
+  scale_min_k4(j, block + 4, sc, mn);
+  return {f16(block) * float(sc), f16(block + 2) * float(mn)};
+}
+
 void deq_q4_k(const uint8_t* b, float* y) {
-  const float d = f16(b), dmin = f16(b + 2);
-  const uint8_t* scales = b + 4;
   const uint8_t* q = b + 16;
   for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
-    uint8_t sc, mn;
-    scale_min_k4(j, scales, sc, mn);
-    const float d1 = d * float(sc), m1 = dmin * float(mn);
-    scale_min_k4(j + 1, scales, sc, mn);
-    const float d2 = d * float(sc), m2 = dmin * float(mn);
+    const auto [d1, m1] = sub_scale(j, b);
+    const auto [d2, m2] = sub_scale(j + 1, b);
     for (int l = 0; l < 32; l += 16) {
       const i32x16 v = load_u8(q + l);
       store(y + l, d1 * to_f32(v & 0xF) - m1);
@@ -152,16 +158,11 @@ void deq_q4_k(const uint8_t* b, float* y) {
 }
 
 void deq_q5_k(const uint8_t* b, float* y) {
-  const float d = f16(b), dmin = f16(b + 2);
-  const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
   const uint8_t* ql = b + 48;
   for (int j = 0, shift = 0; j < 8; j += 2, ql += 32, y += 64, shift += 2) {
-    uint8_t sc, mn;
-    scale_min_k4(j, scales, sc, mn);
-    const float d1 = d * float(sc), m1 = dmin * float(mn);
-    scale_min_k4(j + 1, scales, sc, mn);
-    const float d2 = d * float(sc), m2 = dmin * float(mn);
+    const auto [d1, m1] = sub_scale(j, b);
+    const auto [d2, m2] = sub_scale(j + 1, b);
     for (int l = 0; l < 32; l += 16) {
       const i32x16 v = load_u8(ql + l), h = load_u8(qh + l);
       store(y + l, d1 * to_f32((v & 0xF) + ((h >> shift) & 1) * 16) - m1);
