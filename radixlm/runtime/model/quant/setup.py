@@ -47,6 +47,10 @@ def plan_weights(requested: str, requested_dtype: str, dtype: torch.dtype, devic
                        "the model is dequantized to %s instead (about 4-8x the file's size in memory)",
                        str(dtype).removeprefix("torch."))
         mode = "none"
+    if mode == "gguf" and dtype != torch.float32:
+        # The block kernels take and return fp32 (int8 inside); the norms, attention and KV pool follow them.
+        logger.warning("dtype=%s with a GGUF's own blocks: running float32 around them", requested_dtype)
+        dtype = torch.float32
     return WeightPlan(mode, dtype, caps, gguf_path)
 
 
