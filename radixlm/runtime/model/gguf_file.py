@@ -96,6 +96,8 @@ class GGUFFile:
         if etype == _STRING:
             cur.skip_strings(count)
             return None
+        if etype not in _SCALARS:
+            raise ValueError(f"GGUF metadata array of type {etype} (arrays of arrays) is not supported")
         size = struct.calcsize("<" + _SCALARS[etype])
         values = list(struct.unpack_from(f"<{count}{_SCALARS[etype]}", cur.buf, cur.pos)) if count <= 1024 else None
         cur.pos += count * size
