@@ -203,3 +203,27 @@ def test_a_bf16_checkpoint_streams_into_bf16_weights(tmp_path):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["dtype"] == "bfloat16"
     assert got["grown"] < 1.3 * size + (64 << 20), (got["grown"], size)  # an fp32 copy would be 2x size
+
+
+def test_the_fast_reader_sees_what_the_gguf_package_sees(tmp_path):
+    """gguf_file.GGUFFile against gguf.GGUFReader on one file of every layout: names, types, shapes, the
+    bytes of every tensor, and the scalar metadata the loader reads."""
+    import gguf
+
+    from radixlm.runtime.model.gguf_file import GGUFFile
+    from radixlm.runtime.model.gguf_meta import read_field
+
+    src = build_tiny_model(tmp_path / "src", "qwen2", hidden_size=256, intermediate_size=512)
+    types = {"q_proj": Q.F16, "k_proj": Q.BF16, "v_proj": Q.Q8_0, "o_proj": Q.Q5_1, "gate": Q.Q4_0}
+    path = write_gguf(src, tmp_path / "m.gguf", "qwen2", raw={"blk.0.ffn_up.weight": (
+        _random_blocks(np.random.default_rng(0), 512, 144, [0, 2]), Q.Q4_K)},
+        qtype=lambda n, w: next((t for k, t in types.items() if k in n), Q.F32))
+    fast, ref = GGUFFile(path), gguf.GGUFReader(str(path))
+    assert [t.name for t in fast.tensors] == [t.name for t in ref.tensors]
+    for a, b in zip(fast.tensors, ref.tensors):
+        assert (a.tensor_type, list(a.shape), a.data.shape, a.data.dtype) == (
+            b.tensor_type, list(b.shape), b.data.shape, b.data.dtype), a.name
+        assert np.array_equal(np.asarray(a.data).view(np.uint8), np.asarray(b.data).view(np.uint8)), a.name
+    for key in ("general.architecture", "qwen2.block_count", "qwen2.rope.freq_base", "tokenizer.chat_template",
+                "tokenizer.ggml.eos_token_id", "qwen2.attention.layer_norm_rms_epsilon"):
+        assert read_field(fast, key) == read_field(ref, key), key
