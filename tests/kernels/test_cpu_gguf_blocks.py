@@ -38,7 +38,8 @@ def blocks_of(qtype: Q, rows: int, inp: int, seed: int) -> np.ndarray:
     block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, inp // block, nbytes), dtype=np.uint8)
     for off in SCALE_OFFSETS[qtype]:
-        raw[:, :, off:off + 2] = rng.uniform(-0.05, 0.05, size=(rows, inp // block, 1)).astype(np.float16).view(np.uint8)
+        scales = rng.uniform(-0.05, 0.05, size=(rows, inp // block, 1)).astype(np.float16)
+        raw[:, :, off:off + 2] = scales.view(np.uint8)
     return raw.reshape(rows, -1)
 
 

@@ -97,7 +97,8 @@ def test_changed_gguf_gets_a_new_cache_entry(llama_gguf: Path, tmp_path: Path) -
     assert resolve_model_path(copy, cache_dir=tmp_path / "c") != first
 
 
-def test_concurrent_preparations_prepare_once(llama_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_preparations_prepare_once(llama_gguf: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = gguf_loader._write_tokenizer
 

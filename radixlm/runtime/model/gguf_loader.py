@@ -23,7 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from radixlm.runtime.model.gguf_meta import NON_PARAMETER_TENSORS, build_hf_config, gguf_arch, hf_tensor_name, read_field
+from radixlm.runtime.model.gguf_meta import (
+    NON_PARAMETER_TENSORS, build_hf_config, gguf_arch, hf_tensor_name, read_field,
+)
 from radixlm.runtime.model.loader import atomic_output_dir, file_lock
 
 logger = logging.getLogger(__name__)
