@@ -106,7 +106,7 @@ def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
         return json.load(f)
 
 
-def _weight_files(model_dir: Path) -> list[Path]:
+def weight_files(model_dir: Path) -> list[Path]:
     """Safetensors files to read: the shards named by the index, or the single model.safetensors."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -136,7 +136,7 @@ def iter_weights(model_dir: str | os.PathLike, dtype: torch.dtype | None = None)
     if gguf_path is not None:
         yield from _dequantized_gguf(model_dir, gguf_path, dtype)
         return
-    files = _weight_files(Path(model_dir))
+    files = weight_files(Path(model_dir))
     bar = tqdm(total=len(files), desc="Loading weights", unit="shard", disable=None, delay=0 if len(files) > 1 else 2)
     try:
         for file in files:
@@ -157,6 +157,20 @@ def _torch_dtypes() -> dict[str, torch.dtype]:
             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
+def _header(f) -> tuple[int, dict[str, Any]]:
+    """A safetensors file's header: its length in bytes and its tensor entries (metadata dropped)."""
+    header_len = int.from_bytes(f.read(8), "little")
+    header = json.loads(f.read(header_len))
+    header.pop("__metadata__", None)
+    return header_len, header
+
+
+def safetensors_shapes(path: Path) -> list[list[int]]:
+    """The shape of every tensor of a safetensors file, from its header alone."""
+    with open(path, "rb") as f:
+        return [entry["shape"] for entry in _header(f)[1].values()]
+
+
 def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for each tensor of a safetensors file, read with plain file reads into a tensor of
     its own. Not mmap: the mapped pages of the whole file would count in the process's memory on top of
@@ -165,9 +179,7 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
     dtypes = _torch_dtypes()
     with open(path, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_len))
-        header.pop("__metadata__", None)
+        header_len, header = _header(f)
         for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
             if entry["dtype"] not in dtypes:
                 raise ValueError(f"{path.name}: tensor {name} has dtype {entry['dtype']}, which radixlm cannot read")

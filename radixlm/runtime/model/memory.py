@@ -7,8 +7,8 @@ the way through loading or at the first long prompt.
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -16,8 +16,6 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SAFETENSORS_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                      "BOOL": 1}
 # The share of the available memory the weights may take: the rest is for the KV pool, activations, and
 # the tokenizer and detokenizer processes.
 WEIGHTS_SHARE = 0.9
@@ -45,21 +43,6 @@ def rss_bytes() -> int:
     return _proc_kb("/proc/self/status", "VmRSS") or 0
 
 
-def _safetensors_elements(path: Path) -> int:
-    """Values in a safetensors file, from its header alone."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    total = 0
-    for name, entry in header.items():
-        if name != "__metadata__":
-            n = 1
-            for d in entry["shape"]:
-                n *= d
-            total += n
-    return total
-
-
 def weights_estimate(model_dir: Path, gguf_path: Path | None, quantization: str, dtype: torch.dtype) -> int:
     """The bytes the weights will take once loaded: a GGUF run from its blocks is its file's size; other
     runs hold every value in `dtype` while loading (quantization happens after)."""
@@ -70,7 +53,9 @@ def weights_estimate(model_dir: Path, gguf_path: Path | None, quantization: str,
 
         values = sum(t.n_elements for t in GGUFFile(gguf_path).tensors)
     else:
-        values = sum(_safetensors_elements(f) for f in sorted(model_dir.glob("*.safetensors")))
+        from radixlm.runtime.model.loader import safetensors_shapes, weight_files
+
+        values = sum(math.prod(shape) for f in weight_files(model_dir) for shape in safetensors_shapes(f))
     return values * torch.tensor([], dtype=dtype).element_size()
 
 
