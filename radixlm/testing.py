@@ -140,6 +140,25 @@ def build_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int 
     return out
 
 
+def hf_last_token_embeddings(model_dir: str | os.PathLike, prompts: list[list[int]]) -> list[list[float]]:
+    """The embeddings reference: transformers (fp32, one prompt at a time), the last token's final hidden state
+    (hidden_states[-1], after the final norm: the LM head applied to it gives the logits), L2-normalized."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    head = model.get_output_embeddings()
+    outs = []
+    with torch.no_grad():
+        for ids in prompts:
+            res = model(torch.tensor([ids]), output_hidden_states=True)
+            last = res.hidden_states[-1][0, -1]
+            assert torch.allclose(head(last), res.logits[0, -1], atol=1e-4), "hidden_states[-1] is not the normed state"
+            outs.append(F.normalize(last, dim=-1).tolist())
+    return outs
+
+
 def hf_greedy_ids(model_dir: str | os.PathLike, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
     """The reference: transformers `generate` (greedy, fp32, one prompt at a time) -> new token ids."""
     import torch

@@ -74,7 +74,7 @@ def make_req(msg: TokenizedGenerateReq, params: SamplingParams, rid: str, child:
     return Req(rid=rid, input_ids=list(msg.input_ids), params=params, namespace=msg.namespace,
                logprob=LogprobRequest(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num,
                                       msg.token_ids_logprob),
-               generator=make_generator(seed, device))
+               generator=make_generator(seed, device), embed=msg.embed)
 
 
 def eos_token_ids(tokenizer, hf_config, model_dir) -> frozenset[int]:

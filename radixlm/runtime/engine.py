@@ -11,6 +11,8 @@ import logging
 import queue
 from typing import Any, Iterator
 
+import numpy as np
+
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.builder import build_scheduler
 from radixlm.runtime.config import EngineConfig
@@ -61,6 +63,16 @@ class Engine:
             return self._stream(states[0])
         results = self._run(states)
         return results if is_batch or len(results) > 1 else results[0]
+
+    def encode(self, prompt: str | list[str] | None = None, input_ids: list[int] | list[list[int]] | None = None,
+               rid: str | list[str] | None = None, namespace: str = "") -> dict[str, Any] | list[dict[str, Any]]:
+        """Embeddings, as SGLang's Engine.encode: {"embedding": [floats], "meta_info": {...}} per prompt (a dict
+        for one prompt, a list for a batch). The vector is the last prompt token's final hidden state (after
+        the final norm), L2-normalized; the request is a prefill that shares the radix cache (docs/engine.md)."""
+        prepared, is_batch = prepare_generate(self.tokenizer, self.limits, text=prompt, input_ids=input_ids, rid=rid,
+                                              namespace=namespace, embed=True)
+        results = [_embedding_result(r) for r in self._run([s for p in prepared for s in self._expand(p)])]
+        return results if is_batch else results[0]
 
     def _expand(self, p: PreparedReq) -> list[ResponseState]:
         n = p.params.n
@@ -154,6 +166,13 @@ class Engine:
             self._release_heap()
         except Exception:
             pass
+
+
+def _embedding_result(result: dict[str, Any]) -> dict[str, Any]:
+    if result["embedding"] is None:  # ended without a vector (aborted, e.g. the KV pool could not hold it)
+        raise RuntimeError(f"the embedding request ended: {result['meta_info']['finish_reason']}")
+    vector = np.frombuffer(result["embedding"], dtype="<f4")
+    return {"embedding": vector.tolist(), "meta_info": result["meta_info"]}
 
 
 def _refused(error: RequestError) -> Exception:

@@ -39,8 +39,10 @@ def prepare_generate(tokenizer, limits: InputLimits, *, text: Any = None, input_
                      sampling_params: Any = None, return_logprob: Any = False, logprob_start_len: Any = -1,
                      top_logprobs_num: Any = 0, token_ids_logprob: Any = None,
                      return_text_in_logprobs: bool = False, stream: bool = False, rid: Any = None,
-                     namespace: str = "") -> tuple[list[PreparedReq], bool]:
-    """Returns (prepared requests, is_batch)."""
+                     namespace: str = "", embed: bool = False) -> tuple[list[PreparedReq], bool]:
+    """Returns (prepared requests, is_batch). embed: embedding requests (prefill only, max_new_tokens 0)."""
+    if embed:
+        sampling_params = {"max_new_tokens": 0}
     prompts, is_batch = _prompts(tokenizer, limits, text, input_ids)
     count = len(prompts)
     params_list = _per_item(sampling_params, count, "sampling_params")
@@ -60,7 +62,7 @@ def prepare_generate(tokenizer, limits: InputLimits, *, text: Any = None, input_
             logprob_start_len=_int(starts[i], "logprob_start_len", -1, len(ids)),
             top_logprobs_num=_int(tops[i], "top_logprobs_num", 0, MAX_TOP_LOGPROBS),
             token_ids_logprob=_token_ids(token_ids_logprob, limits.vocab_size),
-            stream=bool(stream))
+            stream=bool(stream), embed=embed)
         out.append(PreparedReq(i, msg, params, bool(return_text_in_logprobs)))
     return out, is_batch
 
@@ -109,10 +111,10 @@ def _check_ids(ids: Any, vocab_size: int) -> None:
 
 def _check_lengths(ids: list[int], params: SamplingParams, limits: InputLimits) -> None:
     need = len(ids) + params.max_new_tokens
+    what = f"prompt ({len(ids)} tokens)" + (f" + max_new_tokens ({params.max_new_tokens})" if params.max_new_tokens
+                                            else "")  # 0: an embedding or scoring request
     if need > limits.context_len:
-        raise ContextLengthError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the context "
-            f"length ({limits.context_len})", param="max_new_tokens")
+        raise ContextLengthError(f"{what} exceeds the context length ({limits.context_len})", param="max_new_tokens")
     if need > limits.max_total_tokens:
         raise ContextLengthError(
             f"prompt + max_new_tokens ({need}) exceeds the KV cache capacity ({limits.max_total_tokens})",

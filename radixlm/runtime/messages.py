@@ -57,6 +57,8 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     token_ids_logprob: Optional[list[int]] = None
     stream: bool = False
+    # An embedding request (/v1/embeddings, Engine.encode): prefill only, its output is the pooled vector.
+    embed: bool = False
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -92,6 +94,8 @@ class TokenOut(msgspec.Struct):
     num_spec_accepted: int = 0
     # A request that was refused or failed (e.g. its grammar did not compile); finish is then an abort.
     error: Optional[RequestError] = None
+    # An embedding request's final output: the pooled vector as little-endian float32 bytes.
+    embedding: Optional[bytes] = None
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):

@@ -133,8 +133,11 @@ class ResponseState:
             meta.update(self.json_check.to_meta())
         if msg.return_logprob:
             meta.update(self._logprob_meta(streaming))
-        return {"text": self.visible_text() if streaming else self.text, "output_ids": list(self.output_ids),
-                "meta_info": meta}
+        out = {"text": self.visible_text() if streaming else self.text, "output_ids": list(self.output_ids),
+               "meta_info": meta}
+        if msg.embed:  # little-endian float32 bytes (None if the request failed); the API shapes decode them
+            out["embedding"] = last.embedding if last else None
+        return out
 
     def _logprob_meta(self, streaming: bool) -> dict[str, Any]:
         lp, msg = self.logprobs, self.prepared.msg

@@ -198,6 +198,7 @@ class CausalLM(nn.Module):
         self.lm_head_argmax = None
         # ... and of a step of several such rows (cpu_ops.ArgmaxRows); None: every logit is computed.
         self.lm_head_argmax_rows = None
+        self.last_hidden: torch.Tensor | None = None  # forward(keep_hidden=True)'s final hidden states
 
     # ---- what a variant (gemma.py) replaces -------------------------------------------------------
     def _make_layer(self, hf_config, arch: ArchSpec, layer_id: int) -> nn.Module:
@@ -218,16 +219,19 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                 kv_pool: KVPoolLike, meta: AttentionMetadata, logits_indices: torch.Tensor,
-                argmax_only: bool = False) -> torch.Tensor:
+                argmax_only: bool = False, keep_hidden: bool = False) -> torch.Tensor:
         """input_ids/positions [T] -> logits [N, V] (fp32) for the N token positions in logits_indices.
         argmax_only: the caller reads only each row's argmax (first maximum); logits that cannot be it may
-        then be -inf (ArgmaxHead), while the argmax's own value and every tie with it stay exact."""
+        then be -inf (ArgmaxHead), while the argmax's own value and every tie with it stay exact.
+        keep_hidden: also keep those positions' final hidden states (after the final norm, [N, hidden]) in
+        self.last_hidden (embeddings: the pooled vector of a request is its last token's)."""
         x = self._embed(input_ids)
         rope = self._rope(positions, x.dtype)
         if (self.decode_stack is not None and kv_pool is self.decode_stack_pool and meta.is_decode
                 and x.shape[0] == 1 and logits_indices.numel() == 1):
             h = self.decode_stack.forward(x, *rope, meta.out_cache_loc, meta.req_to_token, meta.req_pool_indices,
                                           meta.seq_lens, meta.sm_scale)
+            self.last_hidden = h if keep_hidden else None
             return self._logits(h, argmax_only)
         residual = None
         for layer in self.layers:
@@ -239,6 +243,7 @@ class CausalLM(nn.Module):
         else:
             h = x if residual is None else x + residual
             h = self.norm(h.index_select(0, logits_indices))
+        self.last_hidden = h if keep_hidden else None
         return self._logits(h, argmax_only)
 
     def _logits(self, h: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:

@@ -263,27 +263,37 @@ class ModelRunner:
         logger.info("verify graphs captured in %.2fs", time.perf_counter() - t0)
 
     def _run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, logits_indices: torch.Tensor,
-                   argmax_only: bool = False) -> torch.Tensor:
-        return self.model(input_ids, positions, self.backend, self.kv_pool, meta, logits_indices, argmax_only)
+                   argmax_only: bool = False, keep_hidden: bool = False) -> torch.Tensor:
+        return self.model(input_ids, positions, self.backend, self.kv_pool, meta, logits_indices, argmax_only,
+                          keep_hidden)
 
-    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, logits_indices: torch.Tensor, argmax_only: bool = False,
+                keep_hidden: bool = False) -> torch.Tensor:
         """Run the model on the batch's tokens; return fp32 logits [N, V] at logits_indices (argmax_only:
-        only each row's argmax is read, see CausalLM.forward)."""
+        only each row's argmax is read, see CausalLM.forward). keep_hidden: last_hidden() then returns the
+        final hidden states at the same positions (a captured graph keeps none: such a step runs eagerly)."""
         guarded = self.guard is not None and batch.num_tokens == 1 and batch.meta.is_decode
         if self.threads is not None:
             self.threads.apply(batch.num_tokens, self.guard.threads() if guarded else None)
-        if self.graphs is not None and self.graphs.can_run(batch.meta, batch.input_ids, logits_indices):
+        if (not keep_hidden and self.graphs is not None
+                and self.graphs.can_run(batch.meta, batch.input_ids, logits_indices)):
             return self.graphs.replay(batch.input_ids, batch.positions, batch.meta)
-        if self.verify_graphs is not None and self.verify_graphs.can_run(batch, logits_indices):
+        if not keep_hidden and self.verify_graphs is not None and self.verify_graphs.can_run(batch, logits_indices):
             return self.verify_graphs.replay(batch, logits_indices)
         if self.tp is not None:  # the worker ranks run the same step on their shards
             self.tp.send_step(batch, logits_indices)
         t0 = time.perf_counter()
         logits = self._run_model(batch.input_ids, batch.positions, batch.meta, to_device(logits_indices, self.device),
-                                 argmax_only)
+                                 argmax_only, keep_hidden)
         if guarded:
             self.guard.record(self.threads.current, time.perf_counter() - t0)
         return logits
+
+    def last_hidden(self) -> torch.Tensor:
+        """The final hidden states [N, hidden] (after the final norm) of the last forward(keep_hidden=True)."""
+        hidden = self.model.last_hidden
+        assert hidden is not None, "the last forward kept no hidden states"
+        return hidden
 
     def close(self) -> None:
         """Stop the tensor-parallel worker ranks (nothing to do with tp_size == 1)."""

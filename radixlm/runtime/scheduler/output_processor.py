@@ -17,6 +17,7 @@ from radixlm.runtime.forward import ForwardBatch
 from radixlm.runtime.incremental_detok import IncrementalDecoder, find_stop, find_stop_regex
 from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.sampling import logprobs as lp
+from radixlm.runtime.sampling.pooling import pool_last_token
 from radixlm.runtime.sampling.sampler import SampleOutput, Sampler, SamplingRow
 from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.request import FinishReason, Req
@@ -39,6 +40,8 @@ class LogitsPlan:
     # Every logits row is a sample row whose token is the plain argmax of its raw logits (greedy, no
     # processor, no logprobs): the model may then leave out logits that cannot be the argmax.
     argmax_only: bool = False
+    # Embedding rows: (row index, logits row) at the request's last prompt token, pooled from the hidden state.
+    embed: list[tuple[int, int]] = field(default_factory=list)
 
 
 class OutputProcessor:
@@ -72,6 +75,9 @@ class OutputProcessor:
             elif row.end == req.seq_len() and len(req.output_ids) < req.max_new_tokens:
                 plan.sample.append((i, len(indices)))
                 indices.append(batch.token_index(i, row.end - 1))
+            elif req.embed and row.end == req.seq_len():  # the last chunk carries the last token
+                plan.embed.append((i, len(indices)))
+                indices.append(batch.token_index(i, row.end - 1))
         plan.indices = torch.tensor(indices, dtype=torch.int64)
         # A greedy verify row reads only the argmax at each of its positions (_verify), as a decode row does.
         plan.argmax_only = (bool(plan.sample or plan.verify) and not plan.prompt
@@ -82,6 +88,13 @@ class OutputProcessor:
         return plan
 
     # ---- after the forward ------------------------------------------------------------------------
+    def pool(self, batch: ForwardBatch, plan: LogitsPlan, hidden: torch.Tensor) -> None:
+        """Embedding rows: each request's vector from the hidden states at plan.indices (it then finishes
+        in process(), as every max_new_tokens == 0 request does)."""
+        vectors = pool_last_token(hidden[[r for _, r in plan.embed]])
+        for (i, _), vector in zip(plan.embed, vectors):
+            batch.rows[i].req.embedding = vector
+
     def process(self, batch: ForwardBatch, plan: LogitsPlan, logits: torch.Tensor) -> tuple[list[TokenOut], list[Req]]:
         for i, p0, count, r0 in plan.prompt:
             self._prompt_logprobs(batch.rows[i].req, p0, logits[r0 : r0 + count])
@@ -292,7 +305,8 @@ class OutputProcessor:
                        completion_tokens=len(req.output_ids), cached_tokens=req.cached_len,
                        finish=req.finish,
                        num_jump_forward_tokens=req.num_jump_forward_tokens, num_rollback=rollback,
-                       num_spec_proposed=req.num_spec_proposed, num_spec_accepted=req.num_spec_accepted)
+                       num_spec_proposed=req.num_spec_proposed, num_spec_accepted=req.num_spec_accepted,
+                       embedding=req.embedding)
         if req.logprob.return_logprob:
             k = len(new_ids)
             out.output_logprobs = acc.output_token[len(acc.output_token) - k :] if k else []

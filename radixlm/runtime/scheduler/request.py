@@ -63,6 +63,8 @@ class Req:
     first_admitted: bool = False
     num_spec_proposed: int = 0  # speculative decoding: draft tokens verified for this request
     num_spec_accepted: int = 0  # ... and accepted
+    embed: bool = False  # an embedding request: prefill only, pooled at its last prompt token
+    embedding: bytes | None = None  # ... its vector once computed (little-endian float32)
 
     @property
     def max_new_tokens(self) -> int:

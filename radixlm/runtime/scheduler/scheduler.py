@@ -118,7 +118,9 @@ class Scheduler:
             return outputs + self._drain_stuck()
         batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
         plan = self.out.plan_logits(batch)
-        logits = self.runner.forward(batch, plan.indices, plan.argmax_only)
+        logits = self.runner.forward(batch, plan.indices, plan.argmax_only, keep_hidden=bool(plan.embed))
+        if plan.embed:
+            self.out.pool(batch, plan, self.runner.last_hidden())
         if self.spec is not None:  # while the device runs the step (a GPU forward returns at launch)
             self.spec.observe(self.running)
         self.num_forward_steps += 1
