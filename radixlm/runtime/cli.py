@@ -73,7 +73,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from radixlm.runtime.config import EngineConfig
-    from radixlm.runtime.launch import check_dp_options, launch_server
+    from radixlm.runtime.launch import PortInUseError, check_dp_options, launch_server
     from radixlm.runtime.proc import exit_now
 
     options = engine_options(args)
@@ -88,7 +88,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # e.g. --dp-size 0, or --dp-size with --tp-size: refused before any process
         print(f"radixlm serve: error: {exc}", file=sys.stderr)
         return 2
-    code = launch_server(engine_config, config)
+    try:
+        code = launch_server(engine_config, config)
+    except PortInUseError as exc:  # before the model loads: nothing to clean up
+        print(f"radixlm serve: error: {exc}", file=sys.stderr)
+        return 2
     exit_now(code)  # skip interpreter teardown (torch/ZMQ finalizers can stall for seconds)
     return code
 

@@ -12,10 +12,12 @@ process removes on exit; every message is a msgspec struct (runtime/messages.py)
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -107,8 +109,33 @@ def _rank_config(engine_config: EngineConfig, rank: int, dp_size: int) -> Engine
     return dataclasses.replace(engine_config, model=dataclasses.replace(engine_config.model, device=device))
 
 
+class PortInUseError(OSError):
+    """The server's address cannot be listened on (taken, or not this machine's)."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a taken port fails in a second, not after the
+    load (uvicorn serves on this socket; it would otherwise bind only once everything is ready)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise PortInUseError(f"cannot listen on {host}:{port}: {exc}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a TIME_WAIT port is free
+    try:
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise PortInUseError(f"cannot listen on {host}:{port}: {reason}") from None
+    sock.set_inheritable(False)  # the children never hold the port
+    return sock
+
+
 def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
-    """Run the server until it is drained (exit code 0) or a child dies or hangs (exit code 1)."""
+    """Run the server until it is drained (exit code 0) or a child dies or hangs (exit code 1). A port
+    that cannot be listened on raises PortInUseError before anything loads."""
     import asyncio
 
     from radixlm.runtime.model.loader import resolve_model_path
@@ -116,6 +143,7 @@ def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> i
 
     setup_logging(server_config.log_level)
     check_dp_options(engine_config, server_config)
+    listener = bind_listener(server_config.host, server_config.port)
     # A SIGTERM while the model loads must still clean up children and sockets (finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Resolve once here (the default model may be downloaded and converted) so children get a plain dir.
@@ -131,8 +159,9 @@ def launch_server(engine_config: EngineConfig, server_config: ServerConfig) -> i
     try:
         addrs = IpcAddrs.in_dir(ipc_dir, server_config.dp_size)
         procs = start_children(engine_config, server_config, addrs, tokenizer_path)
-        return asyncio.run(serve(engine_config, server_config, addrs, procs, tokenizer_path))
+        return asyncio.run(serve(engine_config, server_config, addrs, procs, tokenizer_path, listener))
     finally:
+        listener.close()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         logger.info("stopping child processes")
         stop_children(procs)

@@ -160,3 +160,21 @@ def test_sigkill_of_the_server_takes_children_and_sockets_with_it(servers):
     assert ipc_dirs(srv)  # while it runs, its socket directory exists
     srv.proc.kill()
     assert_gone(srv, expect_success=False)  # children gone (parent-death signal / watch), sockets removed
+
+
+def test_a_taken_port_fails_before_the_model_loads():
+    """The port is bound first: a taken one is a one-line error and exit code 2, before any model is looked
+    at (the model path here does not even exist)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "radixlm.launch_server", "--port", str(port),
+                              "--model-path", "/nonexistent/model"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use" in res.stderr
+    assert "Traceback" not in res.stderr and "nonexistent" not in res.stderr + res.stdout

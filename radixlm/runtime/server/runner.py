@@ -10,7 +10,9 @@ is fatal: no rank is taken out while the others serve); SIGTERM/SIGINT start a d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import socket
 import sys
 import time
 from dataclasses import asdict
@@ -69,9 +71,11 @@ async def _wait_children_ready(tm: TokenizerManager, procs: dict[str, BaseProces
 
 
 async def serve(engine_config: EngineConfig, server_config: ServerConfig, addrs: IpcAddrs,
-                procs: dict[str, BaseProcess], tokenizer_path: str) -> int:
+                procs: dict[str, BaseProcess], tokenizer_path: str, listener: socket.socket) -> int:
     from radixlm.runtime.model.loader import load_tokenizer
 
+    # The port actually bound (port 0 asks the OS for a free one).
+    server_config = dataclasses.replace(server_config, port=listener.getsockname()[1])
     tokenizer = load_tokenizer(tokenizer_path)
     sc = engine_config.scheduler
     dp = server_config.dp_size
@@ -97,7 +101,7 @@ async def serve(engine_config: EngineConfig, server_config: ServerConfig, addrs:
         _announce(f"model {ctx.served_model_name} loaded; listening on "
                   f"http://{server_config.host}:{server_config.port}")
         watcher = asyncio.ensure_future(_watch(tm, server, procs, server_config))
-        await server.serve()
+        await server.serve(sockets=[listener])
         watcher.cancel()
         return 1 if tm.state == "unhealthy" else 0
     finally:
