@@ -8,6 +8,10 @@ slots back through `free_slots`. A request that uses matched slots borrows them 
 Counters: evictable_size + protected_size == total_size == tokens held by non-root nodes; a node's
 tokens are protected iff its lock_ref > 0. Times come from a logical clock (one tick per match or
 insert), never the wall clock, so eviction order is deterministic.
+
+Prompt logprobs ride along (token_logprobs.py): `insert` keeps a request's computed entries on the nodes it
+creates and fills in the unknown entries of the nodes it passes; `cached_logprobs` tells a request that wants
+prompt logprobs how much of its prompt the tree can answer, KV and logprobs both.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from radixlm.radix_cache.token_logprobs import CachedLogprobs, TokenLogprobs, known_or_none
 from radixlm.radix_cache.tree_node import (
     MatchResult,
     RadixStats,
@@ -30,6 +35,7 @@ from radixlm.radix_cache.tree_node import (
 )
 
 DEFAULT_NAMESPACE = ""
+DEFAULT_LOGPROB_TOP_K = 5  # top-k alternatives kept per cached token (requests asking for more recompute)
 
 
 class RadixCache:
@@ -40,8 +46,10 @@ class RadixCache:
         free_slots: Callable[[torch.Tensor], None],
         disable: bool = False,
         device: torch.device | str = "cpu",
+        logprob_top_k: int = DEFAULT_LOGPROB_TOP_K,
     ) -> None:
         self.free_slots = free_slots
+        self.logprob_top_k = logprob_top_k
         self.disable = disable
         self.device = torch.device(device)
         self.stats = RadixStats()
@@ -63,9 +71,38 @@ class RadixCache:
         root = self._roots.get(namespace)
         if root is None:
             return MatchResult(self._empty(), TreeNode.new_root(namespace, self.device))
-        node, pieces, _ = self._walk(root, tuple(map(int, token_ids)), self._tick())
-        slots = torch.cat(pieces) if pieces else self._empty()
+        node, path, _ = self._walk(root, tuple(map(int, token_ids)), self._tick())
+        slots = torch.cat([n.slots for n in path]) if path else self._empty()
         return MatchResult(slots, node)
+
+    def cached_logprobs(self, namespace: str, token_ids: Sequence[int], start: int, top_k: int
+                        ) -> CachedLogprobs | None:
+        """For a request that wants the logprobs of prompt tokens (start, len(token_ids)): the longest prefix
+        [0, m) whose KV it may reuse because the tree also knows the logprobs of tokens (start, m] (token m's
+        comes from the logits at m - 1, so it must be on the tree path too), with those logprobs; None when
+        that is no longer than start (then the request computes from start, as without this). Read-only: no
+        split, no touch. top_k: the alternatives the request wants (more than the tree keeps: None)."""
+        root = self._roots.get(namespace)
+        if self.disable or root is None or top_k > self.logprob_top_k or start < 0:
+            return None
+        key = tuple(map(int, token_ids))
+        pieces: list[TokenLogprobs] = []
+        node, pos = root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            matched = common_prefix_len(child.key, key, pos)
+            if child.logprobs is None and pos + matched > start + 1:  # nothing known past start + 1 here
+                pieces.append(TokenLogprobs.unknown(max(0, start + 1 - pos), self.logprob_top_k))
+                pos = max(pos, start + 1)
+                break
+            pieces.append(child.logprobs.slice(0, matched) if child.logprobs is not None
+                          else TokenLogprobs.unknown(matched, self.logprob_top_k))
+            node, pos = child, pos + matched
+            if matched < len(child.key):
+                break
+        return _usable(pieces, start)
 
     def evictable_size(self) -> int:  # unlocked tokens: free capacity the pool may reclaim
         return self._evictable_size
@@ -90,11 +127,14 @@ class RadixCache:
 
     # ---- mutation ------------------------------------------------------------------------------
 
-    def insert(self, namespace: str, token_ids: Sequence[int], slots: torch.Tensor) -> int:
+    def insert(self, namespace: str, token_ids: Sequence[int], slots: torch.Tensor,
+               logprobs: TokenLogprobs | None = None) -> int:
         """Add token_ids -> slots; return how many leading tokens the tree already held.
 
         For those leading positions the caller's slot is freed unless it is the very slot the tree
         holds there (a request's own matched prefix). Afterwards the tree owns every position.
+        logprobs (one entry per token, NaN = unknown): kept on the new node, and filling the unknown
+        entries of the nodes already there (a prefix cached without logprobs learns them).
         Disabled cache: nothing is kept, so every caller slot is freed and 0 is returned.
         """
         key = tuple(map(int, token_ids))
@@ -111,15 +151,20 @@ class RadixCache:
         if root is None:
             root = self._roots[namespace] = TreeNode.new_root(namespace, self.device)
         now = self._tick()
-        node, pieces, prefix_len = self._walk(root, key, now)
+        node, path, prefix_len = self._walk(root, key, now)
         if prefix_len:
-            self._free_duplicates(slots[:prefix_len], torch.cat(pieces))
+            self._free_duplicates(slots[:prefix_len], torch.cat([n.slots for n in path]))
+            if logprobs is not None:
+                _fill_path(path, logprobs)
         if prefix_len < len(key):
-            self._add_leaf(node, key[prefix_len:], slots[prefix_len:].clone(), now)
+            leaf = self._add_leaf(node, key[prefix_len:], slots[prefix_len:].clone(), now)
+            if logprobs is not None:
+                leaf.logprobs = known_or_none(logprobs.slice(prefix_len, len(key)))
         return prefix_len
 
     def cache_prefix(
-        self, namespace: str, token_ids: Sequence[int], slots: torch.Tensor, old_node: TreeNode
+        self, namespace: str, token_ids: Sequence[int], slots: torch.Tensor, old_node: TreeNode,
+        logprobs: TokenLogprobs | None = None,
     ) -> tuple[torch.Tensor, TreeNode]:
         """Chunked prefill: insert a request's computed prefix and move its lock to the new node.
 
@@ -128,7 +173,7 @@ class RadixCache:
         """
         if self.disable:
             return slots, old_node
-        self.insert(namespace, token_ids, slots)
+        self.insert(namespace, token_ids, slots, logprobs)
         match = self.match_prefix(namespace, token_ids)
         # Nothing can evict between the insert and the match, so the whole prefix is there.
         if match.prefix_len != len(token_ids):
@@ -240,13 +285,13 @@ class RadixCache:
 
     def _walk(
         self, root: TreeNode, key: tuple[int, ...], now: int
-    ) -> tuple[TreeNode, list[torch.Tensor], int]:
+    ) -> tuple[TreeNode, list[TreeNode], int]:
         """Follow key from root, splitting where it ends mid-node; touch the path with `now`.
 
-        Returns (last node on the matched path, its slot pieces in order, matched length).
+        Returns (last node on the matched path, the path's nodes in order, matched length).
         """
         node, pos = root, 0
-        pieces: list[torch.Tensor] = []
+        path: list[TreeNode] = []
         wall = time.monotonic()  # display only (dashboard); eviction uses the logical time
         while pos < len(key):
             child = node.children.get(key[pos])
@@ -257,18 +302,19 @@ class RadixCache:
                 child = split_node(child, matched)
             child.last_access_time = now
             child.last_access_s = wall
-            pieces.append(child.slots)
+            path.append(child)
             # After a split the next token differs from the tail's first token, so the loop ends.
             node, pos = child, pos + matched
-        return node, pieces, pos
+        return node, path, pos
 
     def _add_leaf(
         self, parent: TreeNode, key: tuple[int, ...], slots: torch.Tensor, now: int
-    ) -> None:
+    ) -> TreeNode:
         leaf = TreeNode(parent.namespace, key, slots, parent, now)
         parent.children[key[0]] = leaf
         self._evictable_size += len(key)
         self.stats.inserted_tokens += len(key)
+        return leaf
 
     def _free_duplicates(self, caller_slots: torch.Tensor, tree_slots: torch.Tensor) -> None:
         # A caller slot equal to the tree's slot is the tree's own (a matched prefix): keep it.
@@ -311,3 +357,28 @@ class RadixCache:
     def _nodes(self) -> Iterator[TreeNode]:
         for root in self._roots.values():
             yield from subtree(root)
+
+
+def _fill_path(path: list[TreeNode], logprobs: TokenLogprobs) -> None:
+    """Give each node of a matched path the known entries it lacks (entries of one path: same values)."""
+    pos = 0
+    for node in path:
+        piece = logprobs.slice(pos, pos + len(node.key))
+        pos += len(node.key)
+        if node.logprobs is None:
+            node.logprobs = known_or_none(piece)
+        else:
+            node.logprobs.fill_unknown(piece)
+
+
+def _usable(pieces: list[TokenLogprobs], start: int) -> CachedLogprobs | None:
+    """The longest m with tokens (start, m] known, m < the tokens found (see cached_logprobs)."""
+    if not pieces:
+        return None
+    found = TokenLogprobs.cat(pieces)
+    unknown = (~found.known()[start + 1 :]).nonzero()
+    end = start + 1 + (int(unknown[0]) if unknown.numel() else len(found) - start - 1)  # first unknown token
+    length = end - 1
+    if length <= start:
+        return None
+    return CachedLogprobs(length, found.slice(start + 1, end))

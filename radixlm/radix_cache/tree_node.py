@@ -1,8 +1,9 @@
 """TreeNode and MatchResult: the radix tree's node type. Runs inside the scheduler process.
 
 A node holds one edge of the compressed trie: `key` is the run of token ids on the edge from its parent,
-`slots` the KV-pool slot of each of those tokens (int64, same length, page size 1). Roots (one per
-namespace) hold an empty key and are never locked, evicted or counted.
+`slots` the KV-pool slot of each of those tokens (int64, same length, page size 1), `logprobs` their prompt
+logprobs where some request computed them (token_logprobs.py; None = none known). Roots (one per namespace)
+hold an empty key and are never locked, evicted or counted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+
+from radixlm.radix_cache.token_logprobs import TokenLogprobs
 
 _NODE_IDS = itertools.count()
 
@@ -45,6 +48,7 @@ class TreeNode:
         "node_id",
         "hit_count",
         "last_access_s",
+        "logprobs",
     )
 
     def __init__(
@@ -68,6 +72,7 @@ class TreeNode:
         self.node_id = next(_NODE_IDS)
         self.hit_count = 0
         self.last_access_s = time.monotonic()
+        self.logprobs: TokenLogprobs | None = None  # one entry per token of key, or None (nothing known)
 
     @classmethod
     def new_root(cls, namespace: str, device: torch.device | str) -> TreeNode:
@@ -129,6 +134,8 @@ def split_node(child: TreeNode, at: int) -> TreeNode:
     head.lock_ref = child.lock_ref
     head.hit_count, head.last_access_s = child.hit_count, child.last_access_s  # every hit on the tail was one here
     child.key, child.slots = child.key[at:], child.slots[at:].clone()
+    if child.logprobs is not None:
+        head.logprobs, child.logprobs = child.logprobs.slice(0, at), child.logprobs.slice(at, len(child.logprobs))
     child.parent = head
     head.children[child.key[0]] = child
     parent.children[head.key[0]] = head  # same dict key: keeps the sibling order
@@ -180,6 +187,7 @@ def check_node(node: TreeNode, namespace: str) -> None:
     assert node.slots.dtype == torch.int64 and node.slots.shape == (len(node.key),), (
         f"{node!r}: slots {node.slots.dtype} {tuple(node.slots.shape)} for {len(node.key)} tokens"
     )
+    assert node.logprobs is None or len(node.logprobs) == len(node.key), f"{node!r}: logprobs length"
     assert node.lock_ref >= 0, f"{node!r}: negative lock_ref"
     child_refs = sum(child.lock_ref for child in node.children.values())
     assert node.lock_ref >= child_refs, f"{node!r}: lock_ref < sum of children's {child_refs}"

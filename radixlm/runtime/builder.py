@@ -48,7 +48,7 @@ def build_scheduler(config: EngineConfig) -> BuiltScheduler:
     info = runner.info
     kv = KVCacheManager(TokenAllocator(info.max_total_tokens, runner.device),
                         ReqToTokenTable(sc.max_running_requests, info.context_len + 1, runner.device),
-                        config.cache.disable_radix_cache)
+                        config.cache.disable_radix_cache, min(config.cache.logprob_cache_top_k, info.vocab_size))
     if runner.wants_cuda_graphs(mc):
         max_bs = mc.cuda_graph_max_bs or min(sc.max_running_requests, 128)
         runner.capture_decode_graphs(kv.table.table, max_bs)

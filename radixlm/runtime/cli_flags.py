@@ -52,6 +52,8 @@ _EXTRAS: dict[str, FlagExtra] = {
     "node_rank": FlagExtra(help="this machine (0 runs the server)"),
     "dist_init_addr": FlagExtra(help="host:port of node 0's torch.distributed rendezvous"),
     "max_total_tokens": FlagExtra(help="KV cache capacity in tokens"),
+    "logprob_cache_top_k": FlagExtra(help="top-k logprobs kept with each cached prompt token (echo + logprobs "
+                                          "requests reuse cached prefixes; asking for more recomputes)"),
     "schedule_policy": FlagExtra(choices=("lpm", "dfs-weight", "fcfs", "lof", "random")),
     "grammar_backend": FlagExtra(choices=("outlines", "xgrammar", "llguidance"),
                                  help="constrained-decoding engine (docs/constrained.md)"),

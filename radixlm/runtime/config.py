@@ -44,6 +44,13 @@ class CacheConfig:
     max_total_tokens: int | None = None  # KV pool capacity in tokens; None = from mem_fraction_static
     mem_fraction_static: float = 0.25  # share of (free) device memory for the KV pool when no explicit size
     disable_radix_cache: bool = False
+    # Top-k alternatives the radix tree keeps beside each cached prompt token's logprob, so echo + logprobs
+    # requests reuse cached prefixes (radix_cache/token_logprobs.py); a request asking for more recomputes.
+    logprob_cache_top_k: int = 5
+
+    def __post_init__(self) -> None:
+        if self.logprob_cache_top_k < 0:
+            raise ValueError("logprob_cache_top_k must be >= 0")
 
 
 @dataclass(frozen=True)

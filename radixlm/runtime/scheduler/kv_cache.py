@@ -2,7 +2,8 @@
 
 Runs in the scheduler process. Ownership invariant (robustness.md #3): each slot 1..size is in exactly
 one place: the allocator's free list, a radix-tree node, or a running request's own part of its row
-(row[tree_len:kv_len]; row[:tree_len] are the locked tree slots it reuses).
+(row[tree_len:kv_len]; row[:tree_len] are the locked tree slots it reuses). A request's computed prompt
+logprobs (req.prompt_logprobs) go into the tree with its slots, so a later request can reuse both.
 """
 
 from __future__ import annotations
@@ -10,15 +11,32 @@ from __future__ import annotations
 import torch
 
 from radixlm.radix_cache import RadixCache
+from radixlm.radix_cache.radix_cache import DEFAULT_LOGPROB_TOP_K
+from radixlm.radix_cache.token_logprobs import CachedLogprobs, TokenLogprobs
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable, TokenAllocator
 from radixlm.runtime.scheduler.request import Req
 
 
 class KVCacheManager:
-    def __init__(self, allocator: TokenAllocator, table: ReqToTokenTable, disable_radix_cache: bool):
+    def __init__(self, allocator: TokenAllocator, table: ReqToTokenTable, disable_radix_cache: bool,
+                 logprob_top_k: int = DEFAULT_LOGPROB_TOP_K):
         self.allocator = allocator
         self.table = table
-        self.tree: RadixCache | None = None if disable_radix_cache else RadixCache(allocator.free)
+        self.tree: RadixCache | None = (None if disable_radix_cache
+                                        else RadixCache(allocator.free, logprob_top_k=logprob_top_k))
+
+    @property
+    def logprob_top_k(self) -> int | None:
+        """Top-k alternatives the tree keeps with each cached prompt logprob (None: no tree, nothing kept)."""
+        return None if self.tree is None else self.tree.logprob_top_k
+
+    def cached_prompt_logprobs(self, req: Req) -> CachedLogprobs | None:
+        """How much of a request's prompt the tree answers with KV and prompt logprobs both (None: not more
+        than its logprob start; requests with token_ids_logprob always compute theirs)."""
+        if self.tree is None or req.logprob.token_ids_logprob:
+            return None
+        return self.tree.cached_logprobs(req.namespace, req.input_ids, req.logprob_start(),
+                                         req.logprob.top_logprobs_num)
 
     # ---- capacity ---------------------------------------------------------------------------------
     def available(self) -> int:
@@ -89,7 +107,8 @@ class KVCacheManager:
         if self.tree is None or req.kv_len <= req.tree_len:
             return
         ids = req.full_ids()[: req.kv_len]
-        slots, node = self.tree.cache_prefix(req.namespace, ids, self.row_slots(req).clone(), req.last_node)
+        slots, node = self.tree.cache_prefix(req.namespace, ids, self.row_slots(req).clone(), req.last_node,
+                                             _logprobs(req))
         self.table.write(req.row, 0, slots)
         req.last_node = node
         req.tree_len = int(slots.numel())
@@ -103,7 +122,7 @@ class KVCacheManager:
             self.truncate(req, req.seq_len())
         slots = self.row_slots(req).clone()
         if self.tree is not None:
-            self.tree.insert(req.namespace, req.full_ids()[: req.kv_len], slots)
+            self.tree.insert(req.namespace, req.full_ids()[: req.kv_len], slots, _logprobs(req))
             if req.last_node is not None:
                 self.tree.dec_lock_ref(req.last_node)
         else:
@@ -140,3 +159,8 @@ class KVCacheManager:
             assert self.allocator.num_free() + self.tree.evictable_size() == self.allocator.size
         else:
             assert self.allocator.num_free() == self.allocator.size
+
+
+def _logprobs(req: Req) -> TokenLogprobs | None:
+    """The request's computed prompt logprobs for its first kv_len tokens (what an insert gives the tree)."""
+    return None if req.prompt_logprobs is None else req.prompt_logprobs.window(req.kv_len)

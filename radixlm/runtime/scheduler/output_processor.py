@@ -19,6 +19,7 @@ from radixlm.runtime.messages import TokenOut
 from radixlm.runtime.sampling import logprobs as lp
 from radixlm.runtime.sampling.pooling import pool_last_token
 from radixlm.runtime.sampling.sampler import SampleOutput, Sampler, SamplingRow
+from radixlm.runtime.scheduler import prompt_logprobs
 from radixlm.runtime.scheduler.grammar import GrammarManager
 from radixlm.runtime.scheduler.request import FinishReason, Req
 from radixlm.runtime.speculative.verify import verify_sampled
@@ -234,10 +235,15 @@ class OutputProcessor:
         acc, want = req.logprobs, req.logprob
         _first_input_entry(req)
         targets = torch.tensor(req.input_ids[p0 + 1 : p0 + 1 + logits.shape[0]], dtype=torch.int64)
-        values = lp.token_logprobs(logits, targets).tolist()
-        acc.input_token.extend(zip(values, targets.tolist()))
+        values = lp.token_logprobs(logits, targets)
+        acc.input_token.extend(zip(values.tolist(), targets.tolist()))
+        # One top-k for the request and for the radix tree (which keeps a few alternatives a token).
+        kept = 0 if req.prompt_logprobs is None else req.prompt_logprobs.top_k
+        k = min(max(want.top_logprobs_num, kept), logits.shape[-1])
+        top = lp.top_logprobs(logits, k) if k > 0 else None
+        prompt_logprobs.record(req, p0 + 1, values, top)
         if want.top_logprobs_num > 0:
-            acc.input_top.extend(_top(logits, want.top_logprobs_num))
+            acc.input_top.extend(_top_lists(top, want.top_logprobs_num))
         else:
             acc.input_top.extend([None] * logits.shape[0])
         if want.token_ids_logprob:
@@ -346,8 +352,13 @@ def _first_input_entry(req: Req) -> None:
 
 
 def _top(logits: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
-    values, ids = lp.top_logprobs(logits, min(k, logits.shape[-1]))
-    return [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]
+    return _top_lists(lp.top_logprobs(logits, min(k, logits.shape[-1])), k)
+
+
+def _top_lists(top: tuple[torch.Tensor, torch.Tensor], k: int) -> list[list[tuple[float, int]]]:
+    """The first k columns of a top-k (values, ids) as one [(logprob, id), ...] list a row."""
+    values, ids = top
+    return [list(zip(v, i)) for v, i in zip(values[:, :k].tolist(), ids[:, :k].tolist())]
 
 
 def _of_ids(logits: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from radixlm.radix_cache.token_logprobs import TokenLogprobs
 from radixlm.runtime.messages import FinishReason  # noqa: F401 - the scheduler's name for it
 from radixlm.sampling_params import SamplingParams
 
@@ -57,6 +58,8 @@ class Req:
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
     logprobs: LogprobAccumulator = field(default_factory=LogprobAccumulator)
+    # The prompt logprobs this request computed, one entry a prompt token, for the radix tree (prompt_logprobs.py)
+    prompt_logprobs: TokenLogprobs | None = None
     num_retractions: int = 0
     grammar: Any = None  # per-request grammar matcher (constrained decoding), or None
     num_jump_forward_tokens: int = 0

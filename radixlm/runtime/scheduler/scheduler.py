@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+from radixlm.radix_cache.token_logprobs import CachedLogprobs
 from radixlm.radix_cache.tree_node import common_prefix_len
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.forward import PlannedRow
 from radixlm.runtime.messages import RequestError, TokenOut
 from radixlm.runtime.model.model_runner import ModelRunner
+from radixlm.runtime.scheduler import prompt_logprobs
 from radixlm.runtime.scheduler.batch import build_forward_batch
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
 from radixlm.runtime.scheduler.grammar import GrammarManager, grammar_spec
@@ -233,8 +235,12 @@ class Scheduler:
                 break
             if cache_aware and _shares_uncached_prefix(req, in_batch):
                 continue  # a sibling computes the shared part this step; this one reuses it next step
-            if not self.kv.admit(req, self._max_match(req)):
+            owes_logprobs = req.wants_input_logprobs() and not req.input_logprobs_done
+            cached = self.kv.cached_prompt_logprobs(req) if owes_logprobs else None
+            if not self.kv.admit(req, self._max_match(req, cached)):
                 break
+            if owes_logprobs:
+                prompt_logprobs.begin(req, cached, self.kv.logprob_top_k)
             num = min(req.remaining_prefill(), budget)
             # Room for part of its future decode tokens; a request alone in the engine needs none
             # (retraction covers it), so a large request can always start when the engine is idle.
@@ -252,13 +258,12 @@ class Scheduler:
             reserved += need - num
         return rows
 
-    def _max_match(self, req: Req) -> int:
+    def _max_match(self, req: Req, cached: CachedLogprobs | None) -> int:
         # Always compute at least the last token (its logits are what we sample from); and when prompt
-        # logprobs are still owed, compute every position they cover.
-        limit = req.seq_len() - 1
+        # logprobs are still owed, compute every position they cover that the tree does not know.
         if req.wants_input_logprobs() and not req.input_logprobs_done:
-            limit = min(limit, req.logprob_start())
-        return limit
+            return prompt_logprobs.match_limit(req, cached)
+        return req.seq_len() - 1
 
     def _record_admission(self, req: Req) -> None:
         if req.tree_len and self.kv.tree is not None:  # the dashboard's per-node hit counts
