@@ -91,7 +91,26 @@ class ChatBody(OpenAIBody):
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
-BODY_TYPES = (GenerateBody, CompletionBody, ChatBody)
+class EmbeddingBody(msgspec.Struct):
+    """POST /v1/embeddings (OpenAI's Embeddings API). input: a string, a list of strings, token ids, or a list
+    of token-id lists; dimensions: only the hidden size (no truncation); user: accepted and unused."""
+
+    input: Union[str, list[Union[str, int, list[int]]], None] = None
+    model: Optional[str] = None
+    encoding_format: Optional[str] = None
+    dimensions: Optional[int] = None
+    user: Optional[str] = None
+
+
+class EncodeBody(msgspec.Struct):
+    """POST /encode (SGLang's native embeddings route): text or input_ids, one prompt or a batch."""
+
+    text: Union[str, list[str], None] = None
+    input_ids: Optional[list[Union[int, list[int]]]] = None
+    rid: Union[str, list[str], None] = None
+
+
+BODY_TYPES = (GenerateBody, CompletionBody, ChatBody, EmbeddingBody, EncodeBody)
 SCHEMA_REF = "#/components/schemas/{name}"
 
 

@@ -175,6 +175,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     from radixlm.runtime.server.dashboard.programs import TraceStore
     from radixlm.runtime.server.dashboard.routes import PUBLIC_PATHS
     from radixlm.runtime.server.dashboard.routes import router as dashboard_router
+    from radixlm.runtime.server.embeddings_api import router as embeddings_router
     from radixlm.runtime.server.native_api import VERSION
     from radixlm.runtime.server.native_api import router as native_router
     from radixlm.runtime.server.openai_api import router as openai_router
@@ -186,7 +187,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.state.dashboard = DashboardHub(ctx.tm)  # /dashboard (server/dashboard/)
     app.state.program_traces = TraceStore()
     ctx.tm.listeners.append(app.state.dashboard.on_output)
-    for router in (native_router, openai_router, admin_router, dashboard_router):
+    for router in (native_router, openai_router, embeddings_router, admin_router, dashboard_router):
         app.include_router(router)
     install_docs(app, VERSION)
     # Outermost last: request id wraps auth wraps the body limit.
