@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from radixlm.runtime.cli_flags import (ENGINE_CONFIGS, add_dataclass_flags, add_sampling_flags, dataclass_values,
@@ -37,10 +38,36 @@ def _chat_prompt(engine, messages: list[dict[str, str]]) -> str:
     return engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+class UsageError(ValueError):
+    """A flag that cannot work, found before anything loads: one line on stderr, exit code 2."""
+
+
+def check_before_load(args: argparse.Namespace, sampling: bool) -> None:
+    """Validate what the user typed before the model loads (tens of seconds), so a mistake costs a second."""
+    from radixlm.runtime.config import EngineConfig
+    from radixlm.sampling_params import SamplingParamError, SamplingParams
+
+    path = args.model_path
+    if path is not None and not Path(path).expanduser().exists():
+        raise UsageError(f"--model-path {path}: no such file or directory (radixlm does not download from a "
+                         "model hub: pass a local HF-format directory or a .gguf file, or no path for the "
+                         "default model)")
+    try:
+        EngineConfig.from_options(path, **engine_options(args))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if sampling:
+        try:
+            SamplingParams.from_dict(sampling_values(args))
+        except SamplingParamError as exc:
+            raise UsageError(f"--{exc.param.replace('_', '-')}: {str(exc).split(': ', 1)[-1]}") from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from radixlm.runtime.chat_repl import stream_reply
     from radixlm.runtime.engine import Engine
 
+    check_before_load(args, sampling=True)
     t0 = time.perf_counter()
     with Engine(args.model_path, **engine_options(args)) as engine:
         load_s = time.perf_counter() - t0
@@ -58,6 +85,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from radixlm.runtime.chat_repl import run_chat
     from radixlm.runtime.engine import Engine
 
+    check_before_load(args, sampling=True)
     with Engine(args.model_path, **engine_options(args)) as engine:
         return run_chat(engine, args.system, sampling_values(args))
 
@@ -76,6 +104,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from radixlm.runtime.launch import PortInUseError, check_dp_options, launch_server
     from radixlm.runtime.proc import exit_now
 
+    try:
+        check_before_load(args, sampling=False)
+    except UsageError as exc:
+        print(f"radixlm serve: error: {exc}", file=sys.stderr)
+        return 2
     options = engine_options(args)
     if args.node_rank > 0:  # multi-node tensor parallelism: other machines only host worker ranks
         from radixlm.runtime.model.tp_worker import launch_node
@@ -147,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     except DefaultModelUnavailable as exc:  # offline on first use: the fix, not a traceback
         print(f"radixlm: error: {exc}", file=sys.stderr)
         return 1
+    except UsageError as exc:
+        print(f"radixlm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

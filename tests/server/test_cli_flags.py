@@ -45,3 +45,25 @@ def test_agent_flag_choices_are_the_parsers():
 
     assert _EXTRAS["tool_call_parser"].choices == CHOICES
     assert set(_EXTRAS["reasoning_parser"].choices) == set(PARSERS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--temperature", "5", "hi"], "radixlm generate: error: --temperature: must be in [0, 2]"),
+    (["chat", "--top-k", "0"], "radixlm chat: error: --top-k: must be -1 (disabled) or >= 1"),
+    (["generate", "--model-path", "Org/some-hub-model", "hi"],
+     "radixlm generate: error: --model-path Org/some-hub-model: no such file or directory"),
+    (["serve", "--model-path", "Org/some-hub-model"],
+     "radixlm serve: error: --model-path Org/some-hub-model: no such file or directory"),
+])
+def test_a_bad_flag_is_one_line_and_exit_2_before_anything_loads(argv, message, capsys, monkeypatch):
+    import radixlm.runtime.engine as engine_module
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(engine_module, "Engine", no_engine)
+    from radixlm.runtime.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err

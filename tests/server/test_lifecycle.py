@@ -162,9 +162,9 @@ def test_sigkill_of_the_server_takes_children_and_sockets_with_it(servers):
     assert_gone(srv, expect_success=False)  # children gone (parent-death signal / watch), sockets removed
 
 
-def test_a_taken_port_fails_before_the_model_loads():
-    """The port is bound first: a taken one is a one-line error and exit code 2, before any model is looked
-    at (the model path here does not even exist)."""
+def test_a_taken_port_fails_before_the_model_loads(tmp_path):
+    """The port is bound first: a taken one is a one-line error and exit code 2, before any model is read
+    (the model directory here is empty: reading it would fail on its missing config.json)."""
     import socket
     import subprocess
     import sys
@@ -174,7 +174,7 @@ def test_a_taken_port_fails_before_the_model_loads():
         taken.listen(1)
         port = taken.getsockname()[1]
         res = subprocess.run([sys.executable, "-m", "radixlm.launch_server", "--port", str(port),
-                              "--model-path", "/nonexistent/model"], capture_output=True, text=True, timeout=120)
+                              "--model-path", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
     assert f"cannot listen on 127.0.0.1:{port}: address already in use" in res.stderr
-    assert "Traceback" not in res.stderr and "nonexistent" not in res.stderr + res.stdout
+    assert "Traceback" not in res.stderr and "config.json" not in res.stderr + res.stdout
