@@ -44,3 +44,20 @@ def test_default_model_chat_answers(smol_server):
     chunks = list(oai.chat.completions.create(model="smollm2", temperature=0, max_tokens=24, stream=True,
                                               messages=[{"role": "user", "content": "What is the capital of France?"}]))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == res.choices[0].message.content
+
+
+def test_default_model_embeddings_match_transformers(smol_server):
+    from transformers import AutoTokenizer
+
+    from radixlm.testing import hf_last_token_embeddings
+
+    with smol_server.client() as client:
+        model_path = client.get("/get_model_info").json()["model_path"]
+    ids = [AutoTokenizer.from_pretrained(model_path)(p).input_ids for p in PROMPTS]
+    oai = openai.OpenAI(base_url=smol_server.url + "/v1", api_key=TENANT_KEYS[0], max_retries=0, timeout=120)
+    res = oai.embeddings.create(model="smollm2", input=PROMPTS)
+    got = [d.embedding for d in res.data]
+    want = hf_last_token_embeddings(model_path, ids)
+    assert [len(v) for v in got] == [576, 576]  # SmolLM2-135M's hidden size
+    assert max(abs(g - w) for gv, wv in zip(got, want) for g, w in zip(gv, wv)) < 1e-4
+    assert res.usage.prompt_tokens == sum(len(i) for i in ids)
