@@ -177,6 +177,9 @@ class ServerConfig:
     # template) and the thinking-block parser (None: no reasoning separation).
     tool_call_parser: str = "auto"
     reasoning_parser: str | None = None
+    # /v1/responses with store (docs/server.md): responses kept for GET and previous_response_id, least
+    # recently used dropped first (0: none kept).
+    max_stored_responses: int = 1000
 
     def __post_init__(self) -> None:
         if self.dp_size < 1:

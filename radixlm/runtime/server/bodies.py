@@ -110,7 +110,35 @@ class EncodeBody(msgspec.Struct):
     rid: Union[str, list[str], None] = None
 
 
-BODY_TYPES = (GenerateBody, CompletionBody, ChatBody, EmbeddingBody, EncodeBody)
+class ResponsesBody(msgspec.Struct):
+    """POST /v1/responses (OpenAI's Responses API; server/responses_format.py translates it into a ChatBody).
+    input: a string or a list of items (messages, function_call, function_call_output); tools in the
+    Responses' flat shape; seed is radixlm's extension, as on /v1/chat/completions."""
+
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]], None] = None
+    instructions: Optional[str] = None
+    previous_response_id: Optional[str] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    text: Optional[dict[str, Any]] = None
+    max_output_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    metadata: Optional[dict[str, str]] = None
+    user: Optional[str] = None
+    store: Optional[bool] = None
+    stream: Optional[bool] = None
+    reasoning: Optional[dict[str, Any]] = None
+    truncation: Optional[str] = None
+    background: Optional[bool] = None
+    conversation: Union[str, dict[str, Any], None] = None
+    prompt: Optional[dict[str, Any]] = None
+
+
+BODY_TYPES = (GenerateBody, CompletionBody, ChatBody, EmbeddingBody, EncodeBody, ResponsesBody)
 SCHEMA_REF = "#/components/schemas/{name}"
 
 

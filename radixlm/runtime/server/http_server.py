@@ -180,14 +180,18 @@ def create_app(ctx: AppContext) -> FastAPI:
     from radixlm.runtime.server.native_api import router as native_router
     from radixlm.runtime.server.openai_api import router as openai_router
     from radixlm.runtime.server.openapi import install_docs
+    from radixlm.runtime.server.responses_api import router as responses_router
+    from radixlm.runtime.server.responses_store import ResponseStore
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx  # what each route's `ctx: Ctx` parameter receives (server/context.py)
     install_error_handlers(app)
     app.state.dashboard = DashboardHub(ctx.tm)  # /dashboard (server/dashboard/)
     app.state.program_traces = TraceStore()
+    app.state.responses_store = ResponseStore(ctx.config.max_stored_responses)  # /v1/responses
     ctx.tm.listeners.append(app.state.dashboard.on_output)
-    for router in (native_router, openai_router, embeddings_router, admin_router, dashboard_router):
+    for router in (native_router, openai_router, embeddings_router, responses_router, admin_router,
+                   dashboard_router):
         app.include_router(router)
     install_docs(app, VERSION)
     # Outermost last: request id wraps auth wraps the body limit.

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from fastapi import APIRouter, Request
@@ -44,7 +45,7 @@ def openai_params() -> Iterator[None]:
         raise APIError(400, message, param, exc.code) from None
 
 
-def _check_model(body: OpenAIBody, served: str) -> None:
+def check_model(body: Any, served: str) -> None:
     if body.model is not None and body.model != served:
         raise APIError(404, f"the model {body.model[:100]!r} does not exist", "model", "model_not_found")
 
@@ -87,7 +88,7 @@ async def get_model(model_id: str, ctx: Ctx) -> Response:
 async def completions(request: Request, ctx: Ctx) -> Response:
     tm, served = ctx.tm, ctx.served_model_name
     body = await read_body(request, CompletionBody)
-    _check_model(body, served)
+    check_model(body, served)
     stream, echo, include_usage = bool(body.stream), bool(body.echo), _include_usage(body)
     text, ids = _split_prompt(body.prompt)
     tm.check_admission(1)
@@ -119,12 +120,20 @@ async def completions(request: Request, ctx: Ctx) -> Response:
     return JSONResponse({**fmt.envelope("text_completion", served, choices), "usage": fmt.usage(results, n)})
 
 
-@router.post("/v1/chat/completions", openapi_extra=request_body(ChatBody))
-async def chat_completions(request: Request, ctx: Ctx) -> Response:
-    tm, served = ctx.tm, ctx.served_model_name
-    body = await read_body(request, ChatBody)
-    _check_model(body, served)
-    stream, include_usage, logprobs = bool(body.stream), _include_usage(body), bool(body.logprobs)
+@dataclass(frozen=True)
+class ChatRun:
+    """A submitted chat request: its agent layer (tools, reasoning) and its handle, with n choices per prompt."""
+
+    agent: ChatAgent
+    handle: RequestHandle
+    n: int
+
+
+async def submit_chat(request: Request, ctx: AppContext, body: ChatBody) -> ChatRun:
+    """Validate, render (chat template, tool prompt) and submit a decoded chat body: the one chat pipeline
+    behind /v1/chat/completions and /v1/responses (which translates its requests into ChatBody)."""
+    tm = ctx.tm
+    stream, logprobs = bool(body.stream), bool(body.logprobs)
     tm.check_admission(1)
     with openai_params():
         # tools, reasoning; lowering the tools' schemas is CPU work: on the tokenizer thread, off the event loop
@@ -137,8 +146,17 @@ async def chat_completions(request: Request, ctx: Ctx) -> Response:
                                      return_logprob=logprobs, top_logprobs_num=top, return_text_in_logprobs=True,
                                      stream=stream)
     await _check_strict(body, ctx)
-    n = prepared[0].params.n
-    handle = tm.submit(prepared, stream, request.state.request_id)
+    return ChatRun(agent, tm.submit(prepared, stream, request.state.request_id), prepared[0].params.n)
+
+
+@router.post("/v1/chat/completions", openapi_extra=request_body(ChatBody))
+async def chat_completions(request: Request, ctx: Ctx) -> Response:
+    tm, served = ctx.tm, ctx.served_model_name
+    body = await read_body(request, ChatBody)
+    check_model(body, served)
+    stream, include_usage, logprobs = bool(body.stream), _include_usage(body), bool(body.logprobs)
+    run = await submit_chat(request, ctx, body)
+    agent, handle, n = run.agent, run.handle, run.n
     if stream:
         events = await open_stream(request, tm, handle)
         if events is None:
