@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -131,6 +132,16 @@ def test_needs_an_api_key(model, server):
     bare = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0, timeout=60)
     with pytest.raises(openai.AuthenticationError):
         bare.embeddings.create(model=model, input="a")
+    res = httpx.post(server.url + "/encode", json={"text": "a"}, timeout=60)
+    assert res.status_code == 401 and res.json()["error"]["type"] == "authentication_error"
+
+
+def test_tenants_never_share_cached_prompts(server):
+    body = {"input": "Only tenant A has embedded this sentence so far, long enough to be cached."}
+    with server.client(TENANT_KEYS[0]) as a, server.client(TENANT_KEYS[1]) as b:
+        a.post("/v1/embeddings", json=body)
+        assert a.post("/v1/embeddings", json=body).json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert b.post("/v1/embeddings", json=body).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 def test_listed_in_openapi(client):
