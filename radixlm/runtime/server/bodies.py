@@ -138,7 +138,29 @@ class ResponsesBody(msgspec.Struct):
     prompt: Optional[dict[str, Any]] = None
 
 
-BODY_TYPES = (GenerateBody, CompletionBody, ChatBody, EmbeddingBody, EncodeBody, ResponsesBody)
+class TokenizeBody(msgspec.Struct):
+    """POST /tokenize (vLLM's shape): a `prompt` string, or chat `messages` rendered with the chat template.
+    add_special_tokens defaults to true for a prompt and false for messages (the template adds its own)."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[dict[str, Any]]] = None
+    add_special_tokens: Optional[bool] = None
+    add_generation_prompt: Optional[bool] = None
+    continue_final_message: Optional[bool] = None
+    return_token_strs: Optional[bool] = None
+    tools: Optional[list[dict[str, Any]]] = None
+
+
+class DetokenizeBody(msgspec.Struct):
+    """POST /detokenize (vLLM's shape): token ids -> their text."""
+
+    tokens: list[int]
+    model: Optional[str] = None
+
+
+BODY_TYPES = (GenerateBody, CompletionBody, ChatBody, EmbeddingBody, EncodeBody, ResponsesBody, TokenizeBody,
+              DetokenizeBody)
 SCHEMA_REF = "#/components/schemas/{name}"
 
 

@@ -57,10 +57,11 @@ def _content(content: Any, i: int, role: str) -> str:
     raise InvalidRequestError(f"messages[{i}].content must be a string or a list of text parts", param="messages")
 
 
-def _render(tokenizer, messages: list[dict[str, Any]], tools: Any) -> str:
+def _render(tokenizer, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool = True,
+            continue_final_message: bool = False) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             tools=tools or None)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message, tools=tools or None)
     except Exception as exc:  # the template rejected the conversation (e.g. roles must alternate)
         raise InvalidRequestError(f"the chat template rejected the messages ({type(exc).__name__})",
                                   param="messages") from None
@@ -72,7 +73,10 @@ def _special_strings(tokenizer) -> list[str]:
     return sorted(specials | set(tokenizer.all_special_tokens))
 
 
-def chat_input_ids(tokenizer, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
+def chat_input_ids(tokenizer, messages: list[dict[str, Any]], tools: Any = None, add_generation_prompt: bool = True,
+                   continue_final_message: bool = False) -> list[int]:
+    """The conversation's prompt ids; the options are apply_chat_template's (POST /tokenize passes them)."""
+    render = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
     specials = _special_strings(tokenizer)
@@ -81,9 +85,9 @@ def chat_input_ids(tokenizer, messages: list[dict[str, Any]], tools: Any = None)
         raise InvalidRequestError("tool_calls contain special tokens", param="messages",
                                   code="special_tokens_in_content")
     if not any(s in m["content"] for m in messages for s in specials):
-        return list(tokenizer(_render(tokenizer, messages, tools), add_special_tokens=False).input_ids)
+        return list(tokenizer(_render(tokenizer, messages, tools, **render), add_special_tokens=False).input_ids)
     masked = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)]
-    text = _render(tokenizer, masked, tools)
+    text = _render(tokenizer, masked, tools, **render)
     found = [int(x) for x in _PLACEHOLDER_RE.findall(text)]
     if sorted(found) != list(range(len(messages))):
         # The template altered or duplicated contents; we cannot tell text from markers safely.

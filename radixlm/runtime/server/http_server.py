@@ -180,6 +180,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     from radixlm.runtime.server.native_api import router as native_router
     from radixlm.runtime.server.openai_api import router as openai_router
     from radixlm.runtime.server.openapi import install_docs
+    from radixlm.runtime.server.tokenize_api import router as tokenize_router
     from radixlm.runtime.server.responses_api import router as responses_router
     from radixlm.runtime.server.responses_store import ResponseStore
 
@@ -193,6 +194,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     for router in (native_router, openai_router, embeddings_router, responses_router, admin_router,
                    dashboard_router):
         app.include_router(router)
+    app.include_router(tokenize_router)  # /tokenize, /detokenize, /tokenizer_info (vLLM's shapes)
     install_docs(app, VERSION)
     # Outermost last: request id wraps auth wraps the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=ctx.config.max_body_bytes)

@@ -94,7 +94,8 @@ async def completions(request: Request, ctx: Ctx) -> Response:
     tm.check_admission(1)
     with openai_params():
         logprobs = None if body.logprobs is None else fmt.check_logprobs_count(body.logprobs, "logprobs")
-        params = fmt.sampling_params(body, 16 if body.max_tokens is None else body.max_tokens)
+        # max_tokens 0 with echo scores the prompt (its logprobs alone); without echo it asks for nothing
+        params = fmt.sampling_params(body, 16 if body.max_tokens is None else body.max_tokens, 0 if echo else 1)
         prepared, _ = await off_loop(tm.prepare, request.state.namespace, text=text, input_ids=ids,
                                      sampling_params=params, return_logprob=logprobs is not None,
                                      top_logprobs_num=logprobs or 0,

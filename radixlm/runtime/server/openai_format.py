@@ -20,11 +20,12 @@ _RENAMED = {"seed": "sampling_seed", "min_tokens": "min_new_tokens"}
 OPENAI_PARAM_NAMES = {"max_new_tokens": "max_tokens", "sampling_seed": "seed", "min_new_tokens": "min_tokens"}
 
 
-def sampling_params(body: OpenAIBody, max_tokens: Any) -> dict[str, Any]:
+def sampling_params(body: OpenAIBody, max_tokens: Any, least: int = 1) -> dict[str, Any]:
     """The native sampling_params of a decoded /v1 body (types already checked; values are checked with
-    every native request's, in generate_input.py)."""
-    if max_tokens < 1:
-        raise InvalidRequestError("max_tokens must be an integer >= 1", param="max_tokens")
+    every native request's, in generate_input.py). least: the smallest max_tokens allowed (0: /v1/completions
+    with echo, which then returns the prompt's logprobs alone, as vLLM does)."""
+    if max_tokens < least:
+        raise InvalidRequestError(f"max_tokens must be an integer >= {least}", param="max_tokens")
     params: dict[str, Any] = {"max_new_tokens": max_tokens}
     for key in PASSTHROUGH:
         if getattr(body, key) is not None:
