@@ -146,6 +146,8 @@ def test_model_and_server_info(client, server, tiny_llama_dir):
     for path in ("/get_server_info", "/server_info"):
         info = client.get(path).json()
         assert info["max_total_num_tokens"] > 0 and "hit_rate" in info["cache_stats"] and info["version"]
+        # The name /v1/models lists (SGLang's router registers a worker under it).
+        assert info["served_model_name"] == tiny_llama_dir.name == client.get("/v1/models").json()["data"][0]["id"]
         assert "key-tenant" not in json.dumps(info)  # secrets never echoed
 
 

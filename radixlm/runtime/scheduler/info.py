@@ -40,11 +40,19 @@ def cache_stats(scheduler: "Scheduler") -> dict[str, float]:
     return stats
 
 
+def _load_tokens(scheduler: "Scheduler") -> dict[str, int]:
+    """KV tokens that running requests hold (evictable cached prefixes excluded), and the prompt tokens
+    still waiting: SGLang's load measure (/get_load)."""
+    tree = scheduler.kv.tree
+    return {"num_evictable_tokens": tree.evictable_size() if tree is not None else 0,
+            "num_waiting_tokens": sum(len(req.input_ids) for req in scheduler.waiting)}
+
+
 def live_info(scheduler: "Scheduler") -> dict[str, Any]:
     """Counters of the running scheduler (summed over ranks by the server with --dp-size)."""
     return {"cache_stats": cache_stats(scheduler), "num_free_tokens": scheduler.kv.allocator.num_free(),
             "num_forward_steps": scheduler.num_forward_steps, "num_running_reqs": len(scheduler.running),
-            "num_waiting_reqs": len(scheduler.waiting),
+            "num_waiting_reqs": len(scheduler.waiting), **_load_tokens(scheduler),
             **({"speculative": scheduler.spec.stats.to_dict()} if scheduler.spec is not None else {})}
 
 

@@ -116,7 +116,8 @@ async def model_info(ctx: Ctx) -> Response:
     return JSONResponse({
         "model_path": ctx.model_info["model_path"], "tokenizer_path": ctx.tokenizer_path,
         "is_generation": True, "chat_template": getattr(tm.tokenizer, "chat_template", None),
-        "served_model_name": ctx.served_model_name, "context_length": ctx.model_info["context_length"]})
+        "served_model_name": ctx.served_model_name, "context_length": ctx.model_info["context_length"],
+        "architectures": [ctx.model_info["architecture"]]})
 
 
 @router.get("/get_server_info")
@@ -124,9 +125,27 @@ async def model_info(ctx: Ctx) -> Response:
 async def server_info(ctx: Ctx) -> Response:
     tm = ctx.tm
     resp = await tm.control("scheduler", "server_info")  # --dp-size N: summed, per rank in dp_ranks
+    # served_model_name: the name /v1/models lists (the flag's value, else the model directory's name).
     return JSONResponse({**ctx.server_args, **ctx.model_info, **resp.data, "version": VERSION,
+                         "served_model_name": ctx.served_model_name,
                          "num_inflight_requests": len(tm.handles), "state": tm.state,
                          "dp_routing": tm.dispatch.stats()})
+
+
+@router.get("/get_load")
+async def get_load(ctx: Ctx) -> Response:
+    """One entry per scheduler rank, in SGLang's shape: SGLang's router reads it for its load-aware policies."""
+    pool = ctx.model_info["max_total_num_tokens"]
+    resps = await ctx.tm.control_ranks("server_info")
+    if not all(resp.ok for resp in resps):
+        raise APIError(503, "a scheduler could not report its load", None, "unavailable")
+    return JSONResponse([_rank_load(rank, resp.data, pool) for rank, resp in enumerate(resps)])
+
+
+def _rank_load(rank: int, info: dict, pool: int) -> dict[str, int]:
+    held = pool - info["num_free_tokens"] - info["num_evictable_tokens"]
+    return {"dp_rank": rank, "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
+            "num_waiting_reqs": info["num_waiting_reqs"], "num_tokens": held + info["num_waiting_tokens"]}
 
 
 @router.get("/metrics")

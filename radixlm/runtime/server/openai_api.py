@@ -45,8 +45,13 @@ def openai_params() -> Iterator[None]:
         raise APIError(400, message, param, exc.code) from None
 
 
+# SGLang's router (sglang-router / SGLang Model Gateway) forwards a request that names no model with this
+# placeholder model id: it means "no model named", as an absent field does.
+ROUTER_UNNAMED_MODEL = "unknown"
+
+
 def check_model(body: Any, served: str) -> None:
-    if body.model is not None and body.model != served:
+    if body.model not in (None, ROUTER_UNNAMED_MODEL) and body.model != served:
         raise APIError(404, f"the model {body.model[:100]!r} does not exist", "model", "model_not_found")
 
 
