@@ -23,7 +23,7 @@ from radixlm.router.policy import Policy, Replica, RouterConfig, route_key
 
 logger = logging.getLogger(__name__)
 
-ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/encode")
 INFO_PATHS = ("/v1/models", "/get_model_info", "/model_info", "/get_server_info", "/server_info")
 _FORWARD_HEADERS = ("authorization", "content-type", "x-request-id")
 _RETURN_HEADERS = ("content-type", "retry-after", "x-request-id")

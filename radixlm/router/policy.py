@@ -29,12 +29,13 @@ def route_key(path: str, body: object, tenant: str) -> RouteKey:
                 content = m.get("content")
                 parts.append(f"<{m.get('role')}>{content if isinstance(content, str) else content!r}")
         return RouteKey(tenant, _chars("".join(parts)))
-    prompt = body.get("text") if path == "/generate" else body.get("prompt")
+    native = path in ("/generate", "/encode")
+    prompt = body.get("text") if native else body.get("input" if path == "/v1/embeddings" else "prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         prompt = prompt[0]  # a batch goes to one replica; its first prompt decides
     if isinstance(prompt, str):
         return RouteKey(tenant, _chars(prompt))
-    ids = body.get("input_ids") if path == "/generate" else prompt
+    ids = body.get("input_ids") if native else prompt
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
         ids = ids[0]
     if isinstance(ids, list) and all(isinstance(i, int) for i in ids):

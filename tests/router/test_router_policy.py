@@ -72,3 +72,7 @@ def test_route_keys_follow_the_prefix():
     ids = route_key("/generate", {"input_ids": [[5, 6], [7]]}, "").ids
     assert len(ids) == 2 and min(ids) > 0x10FFFF  # token ids never collide with characters
     assert route_key("/generate", "not a dict", "").ids == ()
+    # Embeddings share the generation routes' prefixes (one radix cache serves both on a replica).
+    assert route_key("/v1/embeddings", {"input": ["abc", "d"]}, "").ids == tuple(map(ord, "abc"))
+    assert route_key("/encode", {"text": "abc"}, "").ids == tuple(map(ord, "abc"))
+    assert route_key("/v1/embeddings", {"input": [[5, 6], [7]]}, "").ids == ids
