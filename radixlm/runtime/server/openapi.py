@@ -3,12 +3,15 @@
 Runs in the HTTP process. FastAPI lists the routes; their request bodies are server/bodies.py's Structs
 (routes name them with `openapi_extra=request_body(...)`), whose JSON Schemas msgspec writes
 (`schema_components`) into components/schemas. /docs is FastAPI's Swagger UI page with its JavaScript and
-CSS served from the `swagger-ui-bundle` package under /docs/assets, so it works offline (FastAPI's default
-page loads them from a CDN). Like every route but /health, all three need an API key when keys are set.
+CSS served from the `fastapi-offline` package under /docs/assets, so it works offline (FastAPI's default
+page loads them from a CDN). That package carries Swagger UI 5, which renders the OpenAPI 3.1 that FastAPI
+writes (Swagger UI 4 shows "Unable to render this definition"). Like every route but /health, all three
+need an API key when keys are set.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -37,9 +40,13 @@ def openapi_schema(app: FastAPI, version: str) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def install_docs(app: FastAPI, version: str) -> None:
-    import swagger_ui_bundle
+def _assets_dir() -> Path:
+    import fastapi_offline
 
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+def install_docs(app: FastAPI, version: str) -> None:
     app.openapi = lambda: openapi_schema(app, version)  # type: ignore[method-assign]
 
     async def openapi_json(_: Request) -> JSONResponse:
@@ -49,8 +56,8 @@ def install_docs(app: FastAPI, version: str) -> None:
         return get_swagger_ui_html(openapi_url=OPENAPI_PATH, title="radixlm API",
                                    swagger_js_url=f"{ASSETS_PATH}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{ASSETS_PATH}/swagger-ui.css",
-                                   swagger_favicon_url=f"{ASSETS_PATH}/favicon-32x32.png")
+                                   swagger_favicon_url=f"{ASSETS_PATH}/favicon.png")
 
     app.add_route(OPENAPI_PATH, openapi_json, include_in_schema=False)
     app.add_route(DOCS_PATH, docs, include_in_schema=False)
-    app.mount(ASSETS_PATH, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+    app.mount(ASSETS_PATH, StaticFiles(directory=_assets_dir()), name="docs-assets")
