@@ -65,7 +65,7 @@ def test_openai_client_batch_matches_transformers(model, oai, tiny_llama_dir, to
 def test_base64_is_the_float_vector(model, oai, client):
     # The openai client asks for base64 when no format is given and decodes it itself.
     default = _vectors(oai.embeddings.create(model=model, input=TEXTS[:2]))
-    floats = client.post("/v1/embeddings", json={"input": TEXTS[:2], "encoding_format": "float"}).json()
+    floats = client.post("/v1/embeddings", json={"input": TEXTS[:2]}).json()  # float is the default
     raw = client.post("/v1/embeddings", json={"input": TEXTS[:2], "encoding_format": "base64",
                                               "dimensions": HIDDEN, "user": "someone"}).json()
     decoded = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]]
