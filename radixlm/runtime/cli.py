@@ -137,8 +137,15 @@ def cmd_showcase(args: argparse.Namespace) -> int:
     return showcase.cmd_showcase(args)
 
 
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    from radixlm import __version__
+
+    parser.add_argument("--version", action="version", version=f"radixlm {__version__}")
+
+
 def build_serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Serve the native and OpenAI HTTP APIs.")
+    _add_version(parser)
     add_engine_args(parser)
     add_server_args(parser)
     return parser
@@ -146,6 +153,7 @@ def build_serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlm", description="Structured LLM programs, served fast.")
+    _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream one reply to a prompt")
     gen.add_argument("prompt")

@@ -67,3 +67,12 @@ def test_a_bad_flag_is_one_line_and_exit_2_before_anything_loads(argv, message, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("parser", [build_parser, build_serve_parser])
+def test_version_flag(parser, capsys):
+    import radixlm
+
+    with pytest.raises(SystemExit) as exit_info:
+        parser().parse_args(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out == f"radixlm {radixlm.__version__}\n"

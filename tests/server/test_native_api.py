@@ -8,6 +8,8 @@ import math
 import httpx
 import pytest
 
+import radixlm
+
 from radixlm.runtime.engine import Engine
 
 from .conftest import ADMIN_KEY, LONG_PARAMS, assert_healthy, wait_until
@@ -149,6 +151,8 @@ def test_model_and_server_info(client, server, tiny_llama_dir):
         # The name /v1/models lists (SGLang's router registers a worker under it).
         assert info["served_model_name"] == tiny_llama_dir.name == client.get("/v1/models").json()["data"][0]["id"]
         assert "key-tenant" not in json.dumps(info)  # secrets never echoed
+        assert info["version"] == radixlm.__version__
+    assert client.get("/version").json() == {"version": radixlm.__version__}
 
 
 def test_flush_cache_abort_by_exact_rid_and_concate(client, server):

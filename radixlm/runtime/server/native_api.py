@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from radixlm import __version__ as VERSION
 from radixlm.runtime.server.context import Ctx, off_loop
 from radixlm.runtime.server.errors import APIError, error_response
 from radixlm.runtime.server.bodies import GenerateBody, request_body
@@ -20,7 +21,6 @@ from radixlm.runtime.server.http_server import (check_bool, native_stream, open_
                                                 read_object, wait_results)
 
 router = APIRouter()
-VERSION = "0.1.0"
 
 
 @router.post("/generate", openapi_extra=request_body(GenerateBody))
@@ -130,6 +130,12 @@ async def server_info(ctx: Ctx) -> Response:
                          "served_model_name": ctx.served_model_name,
                          "num_inflight_requests": len(tm.handles), "state": tm.state,
                          "dp_routing": tm.dispatch.stats()})
+
+
+@router.get("/version")
+async def version() -> Response:
+    """vLLM's shape (SGLang reports the same in /get_server_info)."""
+    return JSONResponse({"version": VERSION})
 
 
 @router.get("/get_load")
