@@ -20,7 +20,7 @@ from radixlm.tools.parsers.base import ParsedCall, Parser, ToolFormat, content_o
 from radixlm.tools.parsers.registry import resolve
 from radixlm.tools.prompt import default_prompt_messages, template_has_tools
 from radixlm.tools.spec import ToolRequest, parse_tool_request
-from radixlm.tools.stream import ToolStream, call_id
+from radixlm.tools.stream import ToolStream, assemble_calls, call_id
 
 GRAMMAR_BACKEND = "llguidance"
 
@@ -66,18 +66,28 @@ class ToolPlan:
 
     def message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
         """(the assistant message, finish_reason) of a finished output."""
+        if self.grammar is not None and reason == "length" and self.fmt.trigger in text:
+            return self._cut_message(text), reason
         calls = self.accepted_calls(text)
         if not calls:
             return {"role": "assistant", "content": text}, reason
         tool_calls = [{"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                       for c in calls]
-        if self.grammar is not None:  # after the trigger everything is calls (a cut one is dropped)
+        if self.grammar is not None:  # after the trigger everything is calls
             content = text[:max(text.find(self.fmt.trigger), 0)].strip() or None
         else:
             content = content_outside(text, calls) or None
         # A cut output (length) keeps its reason, as when streaming: the client sees it was cut.
         return ({"role": "assistant", "content": content, "tool_calls": tool_calls},
                 "tool_calls" if reason == "stop" else reason)
+
+    def _cut_message(self, text: str) -> dict[str, Any]:
+        """Cut by max_tokens after the trigger: the calls as streaming sends them, the last one partial
+        (its arguments as far as they got), and no markup in `content`."""
+        stream = self.stream()
+        calls = assemble_calls(stream.feed(text) + stream.finish(text))
+        content = text[:text.find(self.fmt.trigger)].strip() or None
+        return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
 
     def stream(self) -> ToolStream:
         return ToolStream(self.fmt, self.grammar is not None, self.accepted_calls)

@@ -97,3 +97,16 @@ class ToolStream:
                                          "function": {"name": call.name, "arguments": call.arguments}}))
             self.num_calls += 1
         return out
+
+
+def assemble_calls(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A message's `tool_calls` from a stream's deltas: each call's arguments concatenated, as a client
+    assembling the stream would have them."""
+    calls: list[dict[str, Any]] = []
+    for delta in deltas:
+        for part in delta.get("tool_calls", ()):
+            if part["index"] == len(calls):
+                calls.append({"id": part["id"], "type": "function",
+                              "function": {"name": part["function"]["name"], "arguments": ""}})
+            calls[part["index"]]["function"]["arguments"] += part["function"].get("arguments", "")
+    return calls
