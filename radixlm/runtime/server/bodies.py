@@ -138,6 +138,32 @@ class ResponsesBody(msgspec.Struct):
     prompt: Optional[dict[str, Any]] = None
 
 
+class MessagesCountBody(msgspec.Struct):
+    """POST /v1/messages/count_tokens: what of an Anthropic Messages request renders into the prompt
+    (server/anthropic_format.py translates it into a ChatBody). `cache_control` on blocks is accepted and
+    ignored (the radix cache is automatic); `thinking` is accepted (a --reasoning-parser decides)."""
+
+    messages: list[dict[str, Any]]
+    model: Optional[str] = None
+    system: Union[str, list[dict[str, Any]], None] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[dict[str, Any]] = None
+    thinking: Optional[dict[str, Any]] = None
+
+
+class MessagesBody(MessagesCountBody, kw_only=True):
+    """POST /v1/messages (Anthropic's Messages API); seed is radixlm's extension."""
+
+    max_tokens: int
+    stop_sequences: Optional[list[str]] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
+    metadata: Optional[dict[str, Any]] = None
+    stream: Optional[bool] = None
+
+
 class TokenizeBody(msgspec.Struct):
     """POST /tokenize (vLLM's shape): a `prompt` string, or chat `messages` rendered with the chat template.
     add_special_tokens defaults to true for a prompt and false for messages (the template adds its own)."""
@@ -159,8 +185,8 @@ class DetokenizeBody(msgspec.Struct):
     model: Optional[str] = None
 
 
-BODY_TYPES = (GenerateBody, CompletionBody, ChatBody, EmbeddingBody, EncodeBody, ResponsesBody, TokenizeBody,
-              DetokenizeBody)
+BODY_TYPES = (GenerateBody, CompletionBody, ChatBody, EmbeddingBody, EncodeBody, ResponsesBody, MessagesCountBody,
+              MessagesBody, TokenizeBody, DetokenizeBody)
 SCHEMA_REF = "#/components/schemas/{name}"
 
 

@@ -171,6 +171,8 @@ async def native_stream(tm: TokenizerManager, handle: RequestHandle, events: Eve
 def create_app(ctx: AppContext) -> FastAPI:
     # The route modules import this one's helpers, so they load here, once the helpers exist.
     from radixlm.runtime.server.admin import router as admin_router
+    from radixlm.runtime.server.anthropic_api import router as anthropic_router
+    from radixlm.runtime.server.anthropic_errors import AnthropicErrorMiddleware
     from radixlm.runtime.server.dashboard.hub import DashboardHub
     from radixlm.runtime.server.dashboard.programs import TraceStore
     from radixlm.runtime.server.dashboard.routes import PUBLIC_PATHS
@@ -191,8 +193,8 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.state.program_traces = TraceStore()
     app.state.responses_store = ResponseStore(ctx.config.max_stored_responses)  # /v1/responses
     ctx.tm.listeners.append(app.state.dashboard.on_output)
-    for router in (native_router, openai_router, embeddings_router, responses_router, admin_router,
-                   dashboard_router):
+    for router in (native_router, openai_router, embeddings_router, responses_router, anthropic_router,
+                   admin_router, dashboard_router):
         app.include_router(router)
     app.include_router(tokenize_router)  # /tokenize, /detokenize, /tokenizer_info (vLLM's shapes)
     install_docs(app, VERSION)
@@ -200,5 +202,6 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=ctx.config.max_body_bytes)
     app.add_middleware(AuthMiddleware, api_keys=ctx.config.api_keys, admin_api_key=ctx.config.admin_api_key,
                        public_paths=PUBLIC_PATHS)
+    app.add_middleware(AnthropicErrorMiddleware)  # /v1/messages*: every error above in Anthropic's shape
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -100,8 +100,8 @@ class RequestIdMiddleware:
 
 
 class AuthMiddleware:
-    """Bearer-key check on every route but the allowlist; sets state.namespace, state.is_admin and
-    state.is_operator."""
+    """Key check on every route but the allowlist (`Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`
+    when no bearer is given); sets state.namespace, state.is_admin and state.is_operator."""
 
     def __init__(self, app: ASGIApp, api_keys: tuple[str, ...], admin_api_key: str | None,
                  public_paths: frozenset[str] = frozenset()):
@@ -115,6 +115,7 @@ class AuthMiddleware:
         """(authenticated, namespace, is_admin) for the request's key."""
         auth = _header(scope, b"authorization") or ""
         given = auth[7:].strip().encode() if auth[:7].lower() == "bearer " else b""
+        given = given or (_header(scope, b"x-api-key") or "").strip().encode()
         if not given:
             return False, "", False
         # Compare against every key (no early exit) so timing does not reveal which prefix matched.
