@@ -51,6 +51,8 @@ JSON_CASES = [
     (G, {**gen(), "stream": "yes"}, 400, "stream"),
     (CHAT, chat(messages=[]), 400, "messages"),
     (CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages"),
+    (CHAT, chat(messages=[{"role": ["user"], "content": "x"}]), 400, "messages"),  # unhashable roles
+    (CHAT, chat(messages=[{"role": {"name": "user"}, "content": "x"}]), 400, "messages"),
     (CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]), 400, "messages"),
     (CHAT, chat(model="gpt-nope"), 404, "model"),
     (COMP, {"prompt": "hi", "max_tokens": "3"}, 400, "max_tokens"),

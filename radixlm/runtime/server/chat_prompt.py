@@ -32,7 +32,7 @@ def normalize_messages(messages: Any, max_chars: int = 1 << 20) -> list[dict[str
         if not isinstance(msg, dict):
             raise InvalidRequestError(f"messages[{i}] must be an object", param="messages")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable: check the type first
             raise InvalidRequestError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
                                       param="messages")
         out.append({"role": role, "content": _content(msg.get("content"), i, role), **tool_fields(msg, i)})
