@@ -26,6 +26,9 @@ from radixlm.constrained.schema_refs import RefIndex
 
 TARGETS = ("outlines", "xgrammar", "llguidance")
 MAX_NODES = 20_000      # inlining a DAG of $refs can grow a schema exponentially
+# A root keyword (our own: validators ignore `x-` keywords) asking for listed_only, as OpenAI's strict mode does
+# (server/openai_format.py adds it to a strict response_format); a native json_schema may send it too.
+LISTED_ONLY_KEYWORD = "x-radixlm-listed-only"
 UNROLL_DEPTH = 3        # outlines (a regex) cannot recurse: a recursive $ref is expanded this deep
 MAX_DEPENDENCIES = 6    # each dependency doubles the branches
 MAX_EXCLUSIVE = (4, 16)  # a oneOf written exactly: at most this many branches, before and after
@@ -282,13 +285,15 @@ def _list(n: dict[str, Any], key: str) -> list[Any]:
 def lower_schema(spec: str, options: GrammarOptions, target: str, listed_only: bool = False) -> LoweredSchema:
     """Lower a json_schema spec for `target` ("outlines" | "xgrammar" | "llguidance"), or GrammarError.
     listed_only (tool arguments): objects that list `properties` and say nothing else about other keys
-    get only the listed ones, as xgrammar's and outlines' objects always do (docs/json_schema.md)."""
+    get only the listed ones, as xgrammar's and outlines' objects always do (docs/json_schema.md); a schema
+    whose root says `"x-radixlm-listed-only": true` asks for the same."""
     from radixlm.constrained.json_schema import load_schema
     from radixlm.constrained.schema_emit import emit
 
     if target not in TARGETS:
         raise ValueError(f"unknown lowering target {target!r}; known: {TARGETS}")
     root = load_schema(spec, options)
+    listed_only = root.pop(LISTED_ONLY_KEYWORD, False) is True or listed_only
     for unroll in (UNROLL_DEPTH, 1) if target == "outlines" else (UNROLL_DEPTH,):
         lowerer = _Lowerer(root, target, unroll)
         try:

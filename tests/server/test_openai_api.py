@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import openai
+import pydantic
 import pytest
 from transformers import AutoTokenizer
 
@@ -178,6 +179,46 @@ def test_json_schema_outputs_carry_finish_details(oai, model):
     assert text.model_extra["finish_details"]["json_schema_valid"] is False
     plain = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert "finish_details" not in (plain.choices[0].model_extra or {})
+
+
+class _Inner(pydantic.BaseModel):
+    a: int = pydantic.Field(ge=0, le=9)
+
+
+class _Outer(pydantic.BaseModel):
+    inner: _Inner
+    flag: bool
+
+
+def _undeclared_keys(value: dict, schema: dict) -> set[str]:
+    """Keys of the output (at any depth) that its pydantic schema does not declare."""
+    extra = set(value) - set(schema["properties"])
+    for key, child in value.items():
+        ref = schema["properties"].get(key, {}).get("$ref")
+        if ref and isinstance(child, dict):
+            extra |= _undeclared_keys(child, _Outer.model_json_schema()["$defs"][ref.rsplit("/", 1)[1]])
+    return extra
+
+
+def test_strict_json_schema_closes_pydantic_objects(oai, model):
+    """A pydantic schema says nothing about other keys; OpenAI's strict mode closes every object that lists
+    properties (as tool arguments are): sampled outputs never hold an undeclared key, at any depth."""
+    schema = _Outer.model_json_schema()
+    assert "additionalProperties" not in json.dumps(schema)
+    fmt = {"type": "json_schema", "json_schema": {"name": "outer", "schema": schema, "strict": True}}
+    params = sampling_params(_body({"response_format": fmt}), 8)
+    assert json.loads(params["json_schema"]) == {**schema, "x-radixlm-listed-only": True}
+    finished = 0
+    for seed in range(4):
+        res = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "JSON"}], n=8,
+                                          max_tokens=64, temperature=1.0, seed=seed, response_format=fmt)
+        for choice in res.choices:
+            if choice.finish_reason == "stop":
+                finished += 1
+                value = json.loads(choice.message.content)
+                assert not _undeclared_keys(value, schema), value
+                _Outer.model_validate(value)
+    assert finished >= 16
 
 
 def test_strict_json_schema_refuses_only_what_it_cannot_enforce(oai, model):

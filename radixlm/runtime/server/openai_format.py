@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any
 
+from radixlm.constrained.schema_lower import LISTED_ONLY_KEYWORD
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.server.bodies import PASSTHROUGH, OpenAIBody
 from radixlm.sampling_params import MAX_TOP_LOGPROBS
@@ -52,6 +53,8 @@ def _response_format(fmt: Any) -> dict[str, Any]:
         raise InvalidRequestError("response_format.json_schema.schema must be an object", param="response_format")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
         raise InvalidRequestError("response_format.json_schema.strict must be a boolean", param="response_format")
+    if spec.get("strict") is True:  # OpenAI's strict mode: an object that lists properties takes only those
+        return {"json_schema": json.dumps({**spec["schema"], LISTED_ONLY_KEYWORD: True})}
     return {"json_schema": json.dumps(spec["schema"])}
 
 
@@ -72,7 +75,7 @@ def check_strict(schema: str, backend: str, options: Any) -> None:
     from radixlm.constrained.schema_lower import lower_schema
 
     try:
-        lowered = lower_schema(schema, options, backend)
+        lowered = lower_schema(schema, options, backend, listed_only=True)
     except GrammarError as e:
         raise InvalidRequestError(e.message, param="response_format", code=e.code) from None
     if lowered.approximations:
