@@ -159,6 +159,11 @@ BAD_REQUESTS = [
     ({"max_tokens": 8, "messages": ASK, "temperature": -1}, "temperature"),
     ({"max_tokens": 8, "messages": ASK, "stop_sequences": "END"}, "stop_sequences"),
     ({"max_tokens": 8, "messages": ASK, "system": [{"type": "image"}]}, "system"),
+    ({"max_tokens": 10 ** 12, "messages": ASK}, "max_tokens"),
+    ({"max_tokens": 8, "messages": ASK, "top_k": -5}, "top_k"),
+    ({"max_tokens": 8, "messages": ASK, "thinking": "yes"}, "thinking"),
+    ({"max_tokens": 8, "messages": ASK, "tool_choice": {"type": "any"},
+      "tools": [{"name": "f", "input_schema": {"type": "object", "$ref": "http://x"}}]}, "$ref"),
 ]
 
 

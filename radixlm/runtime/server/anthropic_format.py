@@ -11,6 +11,7 @@ the (uncached) input tokens, as Anthropic's prompt caching reports them.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,8 +49,9 @@ def anthropic_params() -> Iterator[None]:
     try:
         yield
     except InvalidRequestError as exc:
-        param = _PARAM_NAMES.get(exc.param or "", exc.param)
-        message = str(exc).replace(f"{exc.param}:", f"{param}:", 1) if exc.param else str(exc)
+        param, message = _PARAM_NAMES.get(exc.param or "", exc.param), str(exc)
+        if exc.param in _PARAM_NAMES:  # the message names the native field first: name the client's instead
+            message = re.sub(rf"(?<![\w.]){re.escape(exc.param)}(?!\w)", str(param), message, count=1)
         raise APIError(400, message, param, exc.code) from None
 
 
