@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+from radixlm.constrained.ascii_classes import ascii_classes
 from radixlm.constrained.base import GRAMMAR_KINDS, GrammarOptions
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 from radixlm.constrained.json_schema import schema_to_regex
@@ -30,7 +31,7 @@ def regex_for_spec(kind: str, spec: str, options: GrammarOptions) -> str:
     if kind == "regex":
         if len(spec.encode("utf-8")) > options.max_regex_bytes:
             raise GrammarError("regex", GRAMMAR_TOO_LARGE, f"regex larger than {options.max_regex_bytes} bytes")
-        return spec
+        return ascii_classes(spec)
     if kind == "choices":
         return _choices_regex(spec, options)
     if kind == "ebnf":  # regular grammars only (recursion is refused by name)

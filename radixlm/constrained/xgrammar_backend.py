@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from radixlm.constrained.ascii_classes import ascii_classes
 from radixlm.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarOptions
 from radixlm.constrained.bitmask import eos_only_bits, pack_bool
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
@@ -34,7 +35,7 @@ def compile_grammar(compiler: Any, kind: str, spec: str, options: GrammarOptions
     if kind == "regex":
         if len(spec.encode()) > options.max_regex_bytes:
             raise GrammarError("regex", GRAMMAR_TOO_LARGE, f"regex larger than {options.max_regex_bytes} bytes")
-        return _call("regex", compiler.compile_regex, spec)
+        return _call("regex", compiler.compile_regex, ascii_classes(spec))
     if kind == "ebnf":  # GBNF (`root ::= ...`) natively, Lark (`start: ...`) through xgrammar's converter
         from radixlm.constrained.ebnf import check_size, syntax_of
 
