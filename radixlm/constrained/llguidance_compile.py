@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from radixlm.constrained.ascii_classes import ascii_classes
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.ebnf import ebnf_to_lark
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
@@ -64,7 +65,7 @@ def grammar_text(kind: str, spec: str, options: GrammarOptions) -> str:
     if kind == "regex":
         if len(spec.encode("utf-8")) > options.max_regex_bytes:
             raise GrammarError("regex", GRAMMAR_TOO_LARGE, f"regex larger than {options.max_regex_bytes} bytes")
-        return llg.LLMatcher.grammar_from_regex(spec)
+        return llg.LLMatcher.grammar_from_regex(ascii_classes(spec))
     if kind == "choices":
         from radixlm.constrained.specs import regex_for_spec
 
