@@ -227,3 +227,97 @@ def test_q8_takes_only_its_types(ops) -> None:
     data = torch.from_numpy(blocks_of(Q.Q3_K, 4, 256, seed=0))
     with pytest.raises(RuntimeError, match="type 11 has no int8-activation kernel"):
         ops.gguf_linear_q8(torch.randn(1, 256), [data], [Q.Q3_K.value], None)
+
+
+# ---- panels of 16 rows (gguf_pack, gguf_linear_packed, gguf_packed_dequantize) --------------------------------
+
+PACKED = [t for t in TYPES if t.value in gguf_blocks.PACKED_TYPES]
+
+
+@pytest.mark.parametrize("qtype", PACKED, ids=lambda t: t.name)
+def test_packed_dequantize_is_the_gguf_packages_bit_for_bit(ops, qtype: Q) -> None:
+    """21 rows: the second panel is mostly padding, which dequantizes to nothing."""
+    blocks = blocks_of(qtype, 21, 512, seed=qtype.value)
+    packed = ops.gguf_pack(torch.from_numpy(blocks), qtype.value)
+    assert packed.shape[0] == 2
+    assert torch.equal(ops.gguf_packed_dequantize(packed, qtype.value, 512, 21), reference(blocks, qtype, 512))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize("qtype", PACKED, ids=lambda t: t.name)
+def test_packed_linear_is_the_matmul_up_to_int8_activation_rounding(ops, qtype: Q, rows: int) -> None:
+    """9 and 16 rows: more than one pass of activation rows over a panel; 40 outputs: a partial panel."""
+    for inp in [768, 1536]:
+        blocks = blocks_of(qtype, 40, inp, seed=rows)
+        w = reference(blocks, qtype, inp)
+        packed = ops.gguf_pack(torch.from_numpy(blocks), qtype.value)
+        x, bias = torch.randn(rows, inp), torch.randn(40)
+        check_q8(ops.gguf_linear_packed(x, [packed], [qtype.value], [40], None), x, w)
+        check_q8(ops.gguf_linear_packed(x, [packed], [qtype.value], [40], bias), x, w, bias)
+
+
+def mixed_packed(ops, inp: int) -> tuple[list[torch.Tensor], list[int], list[int], torch.Tensor]:
+    """Packed parts of every packed type with row counts that are not multiples of 16, and the dense weight."""
+    parts = [(t, 8 + 9 * i) for i, t in enumerate(PACKED)]
+    blocks = [blocks_of(t, rows, inp, seed=i) for i, (t, rows) in enumerate(parts)]
+    packed = [ops.gguf_pack(torch.from_numpy(b), t.value) for b, (t, _) in zip(blocks, parts)]
+    dense = torch.cat([reference(b, t, inp) for b, (t, _) in zip(blocks, parts)])
+    return packed, [t.value for t, _ in parts], [rows for _, rows in parts], dense
+
+
+def test_packed_parts_of_mixed_types_stack_by_rows(ops) -> None:
+    packed, types, rows, w = mixed_packed(ops, 512)
+    x, bias = torch.randn(5, 512) * 3, torch.randn(w.shape[0])
+    check_q8(ops.gguf_linear_packed(x, packed, types, rows, bias), x, w, bias)
+
+
+def test_packed_a_row_has_the_same_bits_alone_and_in_any_batch(ops) -> None:
+    packed, types, rows, _ = mixed_packed(ops, 1024)
+    x = torch.randn(gguf_blocks.GEMV_MAX_ROWS, 1024)
+    together = ops.gguf_linear_packed(x, packed, types, rows, None)
+    for i in range(x.shape[0]):
+        assert torch.equal(ops.gguf_linear_packed(x[i:i + 1], packed, types, rows, None)[0], together[i])
+        assert torch.equal(ops.gguf_linear_packed(x[i:i + 9], packed, types, rows, None)[0], together[i])
+
+
+def test_packed_native_and_avx2_builds_pack_and_multiply_the_same_bits() -> None:
+    from radixlm.kernels.cpu import build
+
+    native, avx2 = build.load("native"), build.load("avx2")
+    for qtype in PACKED:
+        data = torch.from_numpy(blocks_of(qtype, 24, 768, seed=qtype.value))
+        assert torch.equal(native.gguf_pack(data, qtype.value), avx2.gguf_pack(data, qtype.value))
+    packed, types, rows, w = mixed_packed(native, 768)
+    x, bias = torch.randn(11, 768), torch.randn(w.shape[0])
+    assert torch.equal(native.gguf_linear_packed(x, packed, types, rows, bias),
+                       avx2.gguf_linear_packed(x, packed, types, rows, bias))
+
+
+def test_packed_bad_input_is_a_clear_error(ops) -> None:
+    with pytest.raises(RuntimeError, match="type 3 has no packed kernel"):
+        ops.gguf_pack(torch.from_numpy(blocks_of(Q.Q4_1, 16, 64, seed=0)), Q.Q4_1.value)
+    packed = ops.gguf_pack(torch.from_numpy(blocks_of(Q.Q5_0, 16, 64, seed=0)), Q.Q5_0.value)
+    with pytest.raises(RuntimeError, match="gguf_pack's"):
+        ops.gguf_linear_packed(torch.randn(1, 64), [packed], [Q.Q5_0.value], [17], None)
+
+
+def test_the_python_pack_takes_whole_weights_of_packed_types_and_both_paths(monkeypatch) -> None:
+    """A weight is packed only when every part's type is; the packed one gives the GEMV's int8-activation
+    result for few rows and the dequantized tiles' for many (several tiles here, the last one partial)."""
+    monkeypatch.setattr(gguf_blocks, "TILE_BYTES", 4 * 512 * 32)
+    monkeypatch.setattr(gguf_blocks, "gemm_dtype", lambda: torch.float32)
+    mixed = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q4_1, 16, 512, seed=2)))
+    assert gguf_blocks.pack(mixed) is mixed
+    w = GGUFWeight((matrix(Q.Q4_K, 48, 512, seed=1), matrix(Q.Q6_K, 40, 512, seed=2), matrix(Q.Q8_0, 8, 512, 3)))
+    packed = gguf_blocks.pack(w)
+    assert packed.is_packed and packed.out_features == 96 and packed.nbytes() >= w.nbytes()
+    dense = torch.cat([gguf_blocks.dequantize(p) for p in w.parts])
+    assert torch.equal(torch.cat([gguf_blocks.dequantize(p) for p in packed.parts]), dense)
+    ops, bias = gguf_blocks._ops(), torch.randn(96)
+    few = torch.randn(3, 512)
+    want = ops.gguf_linear_packed(few, [p.data for p in packed.parts], [p.qtype for p in packed.parts],
+                                  [p.rows for p in packed.parts], bias)
+    assert torch.equal(gguf_blocks.gguf_linear(few, packed, bias), want)
+    check_q8(want, few, dense, bias)
+    many = torch.randn(gguf_blocks.GEMV_MAX_ROWS + 1, 512)
+    close(gguf_blocks.gguf_linear(many, packed, bias), F.linear(many, dense, bias))

@@ -22,8 +22,11 @@ weight_layout.py take the GEMVs).
   csrc/gguf_blocks.cpp   gguf_dequantize (a GGUF tensor's blocks -> fp32, bit for bit the gguf package's),
                          gguf_linear (few-row linear on the blocks, fp32 activations)
   csrc/gguf_q8.cpp       gguf_linear_q8 (gguf_linear with each activation row rounded to int8 blocks, integer
-                         dot products as llama.cpp's); csrc/gguf_common.h: what the two share. Their reference
+                         dot products as llama.cpp's); csrc/gguf_common.h: what they share. Their reference
                          is gguf.quants.dequantize and a float matmul (test_cpu_gguf_blocks.py)
+  csrc/gguf_packed.cpp   gguf_pack (Q5_0 / Q8_0 / Q4_K / Q6_K blocks regrouped once into panels of 16 rows),
+                         gguf_linear_packed (few-row linear on panels, int8 activations, 16 outputs per vector),
+                         gguf_packed_dequantize (a panel's fp32 values, bit for bit gguf_dequantize's)
   csrc/ops.h             the ops one op file calls from another; csrc/fast_exp.h: a vectorisable expf
 """
 

@@ -9,6 +9,7 @@ and `get_field(key).contents()` for scalars and strings). The format: github.com
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,18 @@ class GGUFFile:
 
     def get_field(self, key: str) -> _Field | None:
         return self.fields.get(key)
+
+    def release(self, address: int, nbytes: int) -> None:
+        """Unmap the whole pages of [address, address + nbytes) from this process (MADV_DONTNEED) once their
+        bytes were copied elsewhere (repacked weights): its RSS stops counting them, the page cache keeps
+        them, and a later read maps them again. A range outside this file's map is left alone."""
+        base = self._map.ctypes.data
+        if not (base <= address and address + nbytes <= base + self._map.nbytes):
+            return
+        lo = -(-(address - base) // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (address + nbytes - base) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            self._map._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     @staticmethod
     def _value(cur: _Cursor, vtype: int) -> Any:

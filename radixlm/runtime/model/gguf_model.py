@@ -22,7 +22,9 @@ from radixlm.runtime.model.gguf_file import GGUFFile
 from radixlm.runtime.model.gguf_meta import (
     NON_PARAMETER_TENSORS, dequantize_tensor, gguf_arch, hf_tensor_name, hf_tensor_offset, unpermute_qk,
 )
-from radixlm.runtime.model.quant.gguf_blocks import KERNEL_TYPES, BlockMatrix, GGUFWeight, embedding, gguf_linear
+from radixlm.runtime.model.quant.gguf_blocks import (
+    KERNEL_TYPES, BlockMatrix, GGUFWeight, embedding, gguf_linear, pack,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -124,17 +126,33 @@ def _layer_weights(model: nn.Module, blocks: dict[str, BlockMatrix]) -> None:
         layer.linear = layer.self_attn.linear = gguf_linear
 
 
+def _pack_weights(model: nn.Module, reader: GGUFFile) -> None:
+    """Every GGUFWeight of the model repacked into panels where its types allow (quant.gguf_blocks.pack),
+    one at a time, each one's file pages released as it is done: the process never holds the weights twice.
+    The embedding table stays as the file's blocks (a lookup reads a few rows, mapped again as read)."""
+    for module in model.modules():
+        for attr, value in list(vars(module).items()):
+            if not isinstance(value, GGUFWeight) or (packed := pack(value)) is value:
+                continue
+            setattr(module, attr, packed)
+            for part in value.parts:
+                reader.release(part.data.data_ptr(), part.data.nbytes)
+
+
 def load_gguf_blocks(model: nn.Module, gguf_path: Path, hf_config) -> None:
-    """Give the model the GGUF's tensors: linear weights, the embedding and the LM head as blocks."""
-    blocks, dense = _read(open_gguf(gguf_path), hf_config)
+    """Give the model the GGUF's tensors: linear weights, the embedding and the LM head as blocks, the linear
+    ones then repacked for the kernels."""
+    reader = open_gguf(gguf_path)
+    blocks, dense = _read(reader, hf_config)
     table = blocks.pop("model.embed_tokens.weight")
-    head = blocks.pop("lm_head.weight", table)  # a tied head reads the embedding's blocks
+    head = blocks.pop("lm_head.weight", table)  # a tied head reads the embedding's blocks (or a packed copy)
     _layer_weights(model, blocks)
     _replace(model, "embed_tokens", table)
     _replace(model, "lm_head", None)
     model.embedding = embedding
     model.lm_head_matmul, model.linear = GGUFWeight((head,)), gguf_linear
     model.load_weights(dense.items())  # norms and biases (q/k/v biases fused as for any checkpoint)
+    _pack_weights(model, reader)
 
 
 def iter_dequantized(reader: Any, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
