@@ -54,3 +54,12 @@ def test_forced_call_cut_by_max_tokens_over_http(client):
     _, _, [streamed] = _assemble(deltas)
     assert (streamed["name"], streamed["arguments"]) == (call["function"]["name"], call["function"]["arguments"])
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_anthropic_blocks_keep_a_cut_call():
+    """/v1/messages reads the same message: the cut call stays an (incomplete) tool_use block, never a 500."""
+    from radixlm.runtime.server.anthropic_format import content_blocks
+
+    message, _ = _agent("required").tools.message(CALLS[:60], "length")  # inside the arguments
+    [block] = content_blocks(message)
+    assert block["type"] == "tool_use" and block["name"] == "get_weather" and block["input"] == {}
