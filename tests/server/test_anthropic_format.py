@@ -50,6 +50,18 @@ def test_streamed_blocks_assemble_into_the_finished_message():
                                              "cache_creation_input_tokens": 0}
 
 
+def test_a_call_cut_by_max_tokens_keeps_its_partial_input_streamed_or_not():
+    out = af.EventStream("m", None)
+    pieces = [{"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "calc", "arguments": ""}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1, "op": "+'}}]}]
+    final = _final(out.start(META) + [e for p in pieces for e in out.feed(p)] + out.finish("length", None, META))
+    chat = {"content": None, "tool_calls": [{"function": {"name": "calc", "arguments": '{"a": 1, "op": "+'}}]}
+    want = af.finished_message("m", {"message": chat, "finish_reason": "length"}, META, None)
+    assert [(b.name, b.input) for b in final.content] == [(b["name"], b["input"]) for b in want["content"]] == [
+        ("calc", {"a": 1})]
+    assert final.stop_reason == want["stop_reason"] == "max_tokens"
+
+
 def test_trailing_whitespace_of_a_text_answer_is_kept():
     out = af.EventStream("m", ["END"])
     events = out.start(META) + out.feed({"content": "Hi \n"}) + out.finish("stop", "END", META)

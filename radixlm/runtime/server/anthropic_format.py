@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import pydantic_core
+
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.server.bodies import ChatBody, MessagesBody, MessagesCountBody
 from radixlm.runtime.server.errors import APIError
@@ -266,12 +268,14 @@ def content_blocks(chat_message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _call_input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as tool_use input; a call cut by max_tokens (stop_reason max_tokens) has partial
-    JSON: its block is kept, as Anthropic keeps an incomplete tool_use block, with an empty input."""
+    """A call's arguments as tool_use input. A call cut by max_tokens (stop_reason max_tokens) has only a prefix
+    of its JSON: its block is kept, its input read as far as it goes, as the client reads a streamed call's
+    input_json_delta pieces (JSON's partial mode, as the client's own parser)."""
     try:
-        return json.loads(arguments)
+        value = json.loads(arguments)
     except ValueError:
-        return {}
+        value = pydantic_core.from_json(arguments or "{}", allow_partial=True)
+    return value if isinstance(value, dict) else {}
 
 
 def finished_message(model: str, choice: dict[str, Any], meta: dict[str, Any],
