@@ -115,8 +115,8 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
         raise _fail(f"{where}.is_error must be a boolean")
     text = "\n\n".join(texts)
-    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": f"Error: {text}" if block.get(
-        "is_error") else text}
+    shown = f"Error: {text}" if block.get("is_error") else text  # the model learns the call failed
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": shown}
 
 
 def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
