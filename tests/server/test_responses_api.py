@@ -18,7 +18,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
 from radixlm.errors import InvalidRequestError
+from radixlm.runtime.config import GrammarConfig, ServerConfig
 from radixlm.runtime.server.bodies import ResponsesBody
+from radixlm.runtime.server.chat_agent import ChatAgent
 from radixlm.runtime.server.errors import APIError
 from radixlm.runtime.server.responses_format import (chat_tool_choice, chat_tools, echo_fields, response_format,
                                                      to_messages)
@@ -113,6 +115,28 @@ def test_builder_events_and_items():
     again.finish("tool_calls", meta)
     strip = [{k: v for k, v in i.items() if k != "id"} for i in again.items]
     assert strip == [{k: v for k, v in i.items() if k != "id"} for i in builder.items]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_parser_output_is_a_reasoning_item(stream):
+    agent = ChatAgent({}, None, ServerConfig(reasoning_parser="qwen3"), GrammarConfig())
+    builder = OutputBuilder(response_object("m", echo_fields(ResponsesBody(input="x"))))
+    text = "<think>Paris is in France.</think>It is Paris."
+    if stream:  # the text as it grows, through the chat layer's per-choice stream
+        choice = agent.stream()
+        for end in range(1, len(text) + 1):
+            for delta in choice.feed(text[:end], end == len(text)):
+                builder.feed(delta)
+    else:
+        message = agent.finish_choice({"message": {"role": "assistant", "content": text},
+                                       "finish_reason": "stop"})["message"]
+        for delta in message_deltas(message):
+            builder.feed(delta)
+    events = builder.finish("stop", {"prompt_tokens": 3, "completion_tokens": 9, "cached_tokens": 0}, 5)
+    final = Response.model_validate(events[-1]["response"])
+    assert [i.type for i in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == "Paris is in France." and final.output_text == "It is Paris."
+    assert final.usage.output_tokens_details.reasoning_tokens == 5
 
 
 def test_builder_failure_events():
@@ -344,6 +368,11 @@ def test_max_output_tokens_is_incomplete(oai, model):
      "unsupported_tool_choice"),
     ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, 400, "tool_choice",
      None),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, 400, "input", None),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c", "name": "f",
+                                                    "arguments": "{bad"}]}, 400, "input", "invalid_value"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": "x"}]}, 400, "tools", None),
+    ({"input": "x", "metadata": {"a": 1}}, 400, "metadata", "invalid_type"),
     ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens", None),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "p", "schema": 1}}}, 400, "text.format",
      None),
@@ -361,8 +390,16 @@ def test_bad_requests_are_openai_errors(server, body, status, param, code):
         assert err["code"] == code
 
 
-def test_errors_leave_the_server_healthy(server):
+def test_errors_and_dropped_streams_leave_the_server_healthy(server, model):
     assert _post(server, {"input": [{"type": "item_reference", "id": "x"}]}).status_code == 400
+    body = {"model": model, "input": "Go", "stream": True, "max_output_tokens": 60000, "temperature": 0}
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, headers=server.headers(), timeout=120) as res:
+        deltas = 0
+        for line in res.iter_lines():
+            deltas += line.startswith("event: response.output_text.delta")
+            if deltas == 3:
+                break  # the client goes away mid-answer: the request is aborted, its KV freed
+    assert deltas == 3
     assert_healthy(server)
 
 

@@ -49,7 +49,9 @@ def _responses_params() -> Iterator[None]:
 
 def _renamed(exc: APIError) -> APIError:
     param = _PARAMS.get(exc.param or "", exc.param)
-    message = exc.message.replace(f"{exc.param}", f"{param}", 1) if exc.param and param != exc.param else exc.message
+    message = exc.message
+    if exc.param and message.startswith(exc.param):  # "messages[2].content: ..." -> "input[2].content: ..."
+        message = f"{param}{message[len(exc.param):]}".replace("text.format.json_schema.", "text.format.", 1)
     return APIError(exc.status, message, param, exc.code)
 
 

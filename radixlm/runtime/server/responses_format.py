@@ -57,9 +57,11 @@ def _text(content: Any, where: str) -> str:
     texts = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _fail(f"{where}[{k}]: content parts of type {kind!r} are not supported (text only: "
+        if kind not in _TEXT_PARTS:
+            raise _fail(f"{where}[{k}]: content parts of type {str(kind)[:64]!r} are not supported (text only: "
                         "input_text, output_text)", code="unsupported_content_type")
+        if not isinstance(part.get("text"), str):
+            raise _fail(f"{where}[{k}].text must be a string")
         texts.append(part["text"])
     return "".join(texts)
 
