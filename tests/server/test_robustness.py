@@ -154,7 +154,7 @@ def test_body_limit_with_and_without_content_length(client, server):
         yield b'"}'
 
     res = client.post(G, content=chunks(), headers={"content-type": "application/json"})
-    assert res.status_code == 413 and res.headers["x-request-id"]
+    assert res.status_code == 413 and len(res.headers.get_list("x-request-id")) == 1
     assert_healthy(server)
 
 
@@ -229,7 +229,7 @@ def test_every_route_needs_a_key(server, method, path):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TENANT_KEYS[0]}"}):
         res = httpx.request(method, server.url + path, headers=headers, json={}, timeout=10)
         assert res.status_code == 401 and res.json()["error"]["type"] == "authentication_error"
-        assert res.headers["x-request-id"]
+        assert len(res.headers.get_list("x-request-id")) == 1  # one id, however many middlewares answer
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 

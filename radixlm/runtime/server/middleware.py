@@ -86,7 +86,9 @@ class RequestIdMiddleware:
         async def send_with_id(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                # Exactly one id: an inner middleware's own error response may already carry it.
+                others = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message["headers"] = [*others, (b"x-request-id", request_id.encode())]
             elif message["type"] == "http.response.body" and status[0] >= 400:
                 error_body.extend(message.get("body", b"")[: _LOGGED_ERROR_BYTES - len(error_body)])
             await send(message)
