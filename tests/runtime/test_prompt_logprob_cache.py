@@ -5,6 +5,7 @@ computes (within float rounding of a different batch shape), top-k ids included.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from radixlm.runtime.engine import Engine
 
@@ -113,3 +114,25 @@ def test_what_the_tree_does_not_keep_is_recomputed(engines):
         assert got["meta_info"]["cached_tokens"] == len(PREFIX) - 1
         assert_same(got, off.generate(input_ids=prompt(3 + k), sampling_params=ONE,
                                       **{**ECHO, "top_logprobs_num": k}), top=k > 0)
+
+
+def test_a_readmitted_request_starts_its_prompt_entries_over():
+    """A request retracted part-way through its prompt is admitted again: its entries are the tree's and then
+    its own, once each (not appended to what it had)."""
+    from radixlm.radix_cache.token_logprobs import CachedLogprobs, TokenLogprobs
+    from radixlm.runtime.scheduler import prompt_logprobs
+    from radixlm.runtime.scheduler.request import LogprobRequest, Req
+    from radixlm.sampling_params import SamplingParams
+
+    req = Req("r", list(range(10, 20)), SamplingParams(), logprob=LogprobRequest(True, 0, 1))
+    kept = TokenLogprobs.unknown(4, 2)
+    for j in range(4):
+        kept.put(j, torch.tensor([-1.0 - j]), torch.tensor([[-0.5, -0.7]]), torch.tensor([[7, 8]]))
+    for _ in range(2):  # first admission, then the admission after a retraction
+        req.tree_len = 4
+        prompt_logprobs.begin(req, CachedLogprobs(4, kept), top_k=2)
+        assert req.logprobs.input_token == [(None, 10), (-1.0, 11), (-2.0, 12), (-3.0, 13), (-4.0, 14)]
+        assert req.logprobs.input_top == [None] + [[(-0.5, 7)]] * 4
+        assert len(req.prompt_logprobs) == 10 and not bool(req.prompt_logprobs.known().any())
+    prompt_logprobs.begin(req, None, top_k=None)  # no tree: nothing taken, nothing recorded
+    assert req.logprobs.input_token == [] and req.prompt_logprobs is None
