@@ -208,7 +208,8 @@ def test_string_input_is_the_chat_pipeline(server, oai, model):
 def test_items_input_renders_like_chat_messages(oai, model):
     items = [{"role": "developer", "content": "Answer in one word."},
              {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
-             {"type": "function_call", "call_id": "call_7", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+             {"type": "function_call", "call_id": "call_7", "name": "get_weather",
+              "arguments": "{\"city\": \"Paris\"}"},
              {"type": "function_call_output", "call_id": "call_7", "output": "sunny"},
              {"role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
              {"role": "user", "content": "And tomorrow?"}]

@@ -29,7 +29,8 @@ from radixlm.runtime.server.responses_store import ResponseStore, StoredResponse
 router = APIRouter()
 
 # Chat names in errors from the shared pipeline -> the Responses names the client sent.
-_PARAMS = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens"}
+_PARAMS = {"messages": "input", "response_format": "text.format", "json_schema": "text.format",
+           "max_tokens": "max_output_tokens"}
 
 
 def response_store(request: Request) -> ResponseStore:
@@ -87,7 +88,8 @@ async def create_response(request: Request, ctx: Ctx) -> Response:
         run = await submit_chat(request, ctx, plan.chat)
     builder = OutputBuilder(response_object(ctx.served_model_name, plan.echo))
     if plan.chat.stream:
-        events = await open_stream(request, ctx.tm, run.handle)
+        with _responses_params():  # a request the scheduler refuses (a grammar that does not compile)
+            events = await open_stream(request, ctx.tm, run.handle)
         if events is None:
             return Response(status_code=499)
         return StreamingResponse(_sse_events(request, ctx, plan, run, builder, events),
@@ -95,7 +97,8 @@ async def create_response(request: Request, ctx: Ctx) -> Response:
     results = await wait_results(request, ctx.tm, run.handle)
     if results is None:
         return Response(status_code=499)
-    raise_for_errors(run.handle)
+    with _responses_params():
+        raise_for_errors(run.handle)
     choice = run.agent.finish_choice(fmt.chat_choice(0, results[0], False))
     for delta in message_deltas(choice["message"]):
         builder.feed(delta)
