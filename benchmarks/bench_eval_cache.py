@@ -8,9 +8,9 @@ Prints each side's wall time for the evaluation (server start excluded), the rad
 reports for it (cached / prompt tokens), the wall-time ratio (cache off / cache on) and the largest difference
 between the two sides' loglikelihoods (lm-eval sums the continuation tokens' logprobs; after a cache hit those
 run the short-extend attention over the cached KV, which rounds differently from a whole prefill: ~1e-5 a
-token, as every cache hit; engine.md, "Logprobs"). The task is written to a temporary directory: arithmetic questions with four
-numeric choices after a fixed description and five fixed examples (lm-eval's `first_n` few-shot sampler),
-so every request shares a ~400-token prefix, as MMLU-style 5-shot prompts do.
+token, as every cache hit; engine.md, "Logprobs"). The task is written to a temporary directory: arithmetic
+questions with four numeric choices after a fixed description and five fixed examples (lm-eval's `first_n`
+few-shot sampler), so every request shares a ~300-token prefix, as MMLU-style 5-shot prompts do.
 """
 
 from __future__ import annotations

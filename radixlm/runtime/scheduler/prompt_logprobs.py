@@ -32,7 +32,9 @@ def begin(req: Req, cached: CachedLogprobs | None, top_k: int | None) -> None:
     acc.input_token.clear()
     acc.input_top.clear()
     acc.input_ids_logprob.clear()
-    req.prompt_logprobs = None if top_k is None else TokenLogprobs.unknown(len(req.input_ids), top_k)
+    # Nothing to record without a tree, or when only the last prompt token's entry is wanted (it has no logprob).
+    computes = top_k is not None and start < len(req.input_ids) - 1
+    req.prompt_logprobs = TokenLogprobs.unknown(len(req.input_ids), top_k) if computes else None
     if cached is None or req.tree_len <= start:
         return
     acc.input_token.append((None, req.input_ids[start]))
