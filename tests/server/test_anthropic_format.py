@@ -128,3 +128,10 @@ def test_malformed_messages_are_invalid_requests(messages):
     with pytest.raises(InvalidRequestError) as err:
         af.to_chat(MessagesCountBody(messages=messages))
     assert err.value.param == "messages" and "messages[0]" in str(err.value)
+
+
+@pytest.mark.parametrize("choice", [{"type": ["any"]}, {"type": {"x": 1}}, {"type": "sometimes"}])
+def test_a_bad_tool_choice_type_is_an_invalid_request(choice):
+    with pytest.raises(InvalidRequestError) as err:  # a list or object type is not a TypeError (a 500)
+        af.to_chat(MessagesCountBody(messages=[{"role": "user", "content": "Q"}], tool_choice=choice))
+    assert err.value.param == "tool_choice"

@@ -68,6 +68,8 @@ def test_items_become_chat_messages():
     ([{"type": "web_search_call"}], "input[0]: items of type 'web_search_call'"),
     ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "input[0].content[0]"),
     ([{"role": "tool", "content": "x"}], "input[0].role"),
+    ([{"role": ["user"], "content": "x"}], "input[0].role"),  # unhashable: not a TypeError (a 500)
+    ([{"role": {"r": 1}, "content": "x"}], "input[0].role"),
     ([{"type": "function_call", "call_id": "c", "name": "f"}], "input[0].arguments"),
     (["text"], "input[0] must be an object")])
 def test_bad_items_are_named(items, words):

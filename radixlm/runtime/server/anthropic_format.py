@@ -197,7 +197,7 @@ def tool_fields(body: MessagesCountBody) -> dict[str, Any]:
         if not isinstance(choice.get("name"), str):
             raise _fail("tool_choice.name must be a string", "tool_choice")
         out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    elif kind in _TOOL_CHOICES:
+    elif isinstance(kind, str) and kind in _TOOL_CHOICES:  # a list or object is unhashable
         out["tool_choice"] = _TOOL_CHOICES[kind]
     else:
         raise _fail("tool_choice.type must be auto, any, tool or none", "tool_choice")

@@ -67,7 +67,8 @@ def _text(content: Any, where: str) -> str:
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
-    role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    role = item.get("role")
+    role = _ROLES.get(role) if isinstance(role, str) else None  # a list or object is unhashable
     if role is None:
         raise _fail(f"{where}.role must be one of {', '.join(_ROLES)}")
     return {"role": role, "content": _text(item.get("content"), f"{where}.content")}
