@@ -76,7 +76,9 @@ _EXTRAS: dict[str, FlagExtra] = {
                                   help="tool-call syntax of /v1 tool calling (auto: from the chat template)"),
     "reasoning_parser": FlagExtra(choices=("qwen3", "deepseek-r1"),
                                   help="split <think>...</think> into message.reasoning_content"),
-    "max_stored_responses": FlagExtra(help="/v1/responses kept for GET and previous_response_id (LRU; 0: none)"),
+    "max_stored_responses": FlagExtra(help="/v1/responses kept per tenant for GET and previous_response_id "
+                                           "(LRU; 0: none)"),
+    "max_stored_response_bytes": FlagExtra(help="bytes of stored /v1/responses kept per tenant (LRU)"),
 }
 _SAMPLING_EXTRAS: dict[str, FlagExtra] = {
     "max_new_tokens": FlagExtra(default=256),

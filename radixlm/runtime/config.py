@@ -179,7 +179,8 @@ class ServerConfig:
     reasoning_parser: str | None = None
     # /v1/responses with store (docs/server.md): responses kept for GET and previous_response_id, least
     # recently used dropped first (0: none kept).
-    max_stored_responses: int = 1000
+    max_stored_responses: int = 1000  # per tenant
+    max_stored_response_bytes: int = 256 << 20  # per tenant: the stored responses' JSON
 
     def __post_init__(self) -> None:
         if self.dp_size < 1:

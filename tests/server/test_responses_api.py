@@ -161,6 +161,20 @@ def test_store_is_lru_and_tenant_scoped():
     assert not store.delete("b", "r1") and store.delete("a", "r1") and store.get("a", "r1") is None
 
 
+def test_store_is_bounded_per_tenant_in_count_and_bytes():
+    big = [{"type": "message", "content": "x" * 1000}]
+    store = ResponseStore(3, max_bytes=3 * StoredResponse({"id": "r0"}, big).nbytes)
+    for rid in ("r1", "r2", "r3"):
+        store.put("a", StoredResponse({"id": rid}, big))
+    store.put("b", StoredResponse({"id": "b1"}, big))  # another tenant evicts none of a's
+    assert [store.get("a", r) is not None for r in ("r1", "r2", "r3")] == [True, True, True]
+    store.put("a", StoredResponse({"id": "r4"}, big + big))  # two entries' bytes: the two oldest go
+    assert store.get("a", "r1") is None and store.get("a", "r2") is None and store.get("a", "r4") is not None
+    assert store.get("b", "b1") is not None
+    store.put("a", StoredResponse({"id": "huge"}, big * 4))  # larger than the whole budget: not kept
+    assert store.get("a", "huge") is None and store.get("a", "r4") is not None
+
+
 # ---- the tiny-model server ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def oai(server):

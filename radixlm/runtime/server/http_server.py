@@ -191,7 +191,8 @@ def create_app(ctx: AppContext) -> FastAPI:
     install_error_handlers(app)
     app.state.dashboard = DashboardHub(ctx.tm)  # /dashboard (server/dashboard/)
     app.state.program_traces = TraceStore()
-    app.state.responses_store = ResponseStore(ctx.config.max_stored_responses)  # /v1/responses
+    app.state.responses_store = ResponseStore(ctx.config.max_stored_responses,
+                                              ctx.config.max_stored_response_bytes)  # /v1/responses
     ctx.tm.listeners.append(app.state.dashboard.on_output)
     for router in (native_router, openai_router, embeddings_router, responses_router, anthropic_router,
                    admin_router, dashboard_router):
