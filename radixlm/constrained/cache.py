@@ -4,7 +4,8 @@ Runs in the scheduler process (one dispatcher thread per worker; the workers are
 never blocks: it returns a Future that the scheduler polls while the request waits in its grammar
 queue. Identical specs share one Future (compiled once); failures are cached like successes; a
 compile that outlives the wall-clock limit gets its worker SIGKILLed and replaced, and the spec's
-Future fails with grammar_timeout.
+Future fails with grammar_timeout; so does one that nobody waits for any more (abandon: its requests
+went away). check_pool.py runs finished-output checks through the same machinery.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from radixlm.constrained.errors import GRAMMAR_TIMEOUT, GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 from multiprocessing.connection import Connection
 
 from radixlm.constrained.worker import READY, TOO_LARGE_MESSAGE, param_for
+
+_ABANDON_POLL_S = 0.05  # how often a waiting dispatcher checks whether its job was abandoned
 
 
 @dataclass(frozen=True)
@@ -80,23 +83,25 @@ class _Worker:
             self._conn.close()
         self._proc = self._conn = None
 
-    def _restart(self) -> None:
-        self.stop()
-        try:
-            self.start()  # warm again before the next job, whose time limit starts after startup
-        except RuntimeError:
-            pass  # compile() retries the start
+    def warm(self) -> None:
+        """Start a stopped worker before the next job (whose time limit starts after startup anyway)."""
+        if self._proc is None:
+            try:
+                self.start()
+            except RuntimeError:
+                pass  # compile() retries the start
 
-    def compile(self, kind: str, spec: str) -> bytes:
-        """Index bytes, or GrammarError (timeouts included). Restarts the process when needed."""
+    def compile(self, kind: str, spec: str, abandoned: Callable[[], bool] = lambda: False) -> bytes:
+        """Index bytes, or GrammarError (timeouts included). Restarts the process when needed. `abandoned`
+        is asked while waiting: True (nobody wants the result any more) stops the compile like a timeout."""
         if self._proc is None or self._proc.poll() is not None:
             self.stop()
             self.start()
         try:
             self._conn.send_bytes(json.dumps({"kind": kind, "spec": spec}).encode("utf-8"))
-            if not self._conn.poll(self._config.compile_timeout_s):
-                self._restart()
-                raise GrammarError(param_for(kind), GRAMMAR_TIMEOUT,
+            if not self._wait(abandoned):
+                self.stop()  # the dispatcher warms a new one after failing this job
+                raise GrammarError(param_for(kind, spec), GRAMMAR_TIMEOUT,
                                    f"grammar did not compile within {self._config.compile_timeout_s:g} s")
             header = json.loads(self._conn.recv_bytes())
             if not header.get("ok"):
@@ -108,10 +113,21 @@ class _Worker:
             except subprocess.TimeoutExpired:
                 pass
             aborted = self._proc.returncode in (-6, -9)  # SIGABRT: failed allocation; SIGKILL: OOM killer
-            self._restart()
+            self.stop()
             if aborted:
-                raise GrammarError(param_for(kind), GRAMMAR_TOO_LARGE, TOO_LARGE_MESSAGE) from None
-            raise GrammarError(param_for(kind), INVALID_GRAMMAR, "grammar could not be compiled") from None
+                raise GrammarError(param_for(kind, spec), GRAMMAR_TOO_LARGE, TOO_LARGE_MESSAGE) from None
+            raise GrammarError(param_for(kind, spec), INVALID_GRAMMAR, "grammar could not be compiled") from None
+
+    def _wait(self, abandoned: Callable[[], bool]) -> bool:
+        """True once the worker answered; False at the deadline or when the job was abandoned."""
+        deadline = time.monotonic() + self._config.compile_timeout_s
+        while not abandoned():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._conn.poll(min(left, _ABANDON_POLL_S)):
+                return True
+        return False
 
 
 class GrammarCache:
@@ -124,6 +140,7 @@ class GrammarCache:
         self._entries: OrderedDict[tuple[str, str, str], Future] = OrderedDict()
         self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
+        self._abandoned: set[Future] = set()  # running jobs nobody waits for: their workers are stopped
         self.num_compiles = 0  # jobs sent to workers (tests check dedup with it)
         # Wall time of each finished compile (failures included); the server's metrics drain it.
         self.compile_seconds: deque[float] = deque(maxlen=1024)
@@ -151,6 +168,17 @@ class GrammarCache:
         self._jobs.put((kind, spec, fut))
         return fut
 
+    def abandon(self, fut: "Future[Any]") -> None:
+        """Nobody waits for this Future any more (its requests went away): a queued job is dropped, a running
+        one's worker is stopped and restarted; the spec leaves the cache, so a later request compiles it anew."""
+        with self._lock:
+            if fut.done():
+                return
+            for key in [k for k, f in self._entries.items() if f is fut]:
+                del self._entries[key]
+            if not fut.cancel():  # already running in a dispatcher
+                self._abandoned.add(fut)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
@@ -172,12 +200,15 @@ class GrammarCache:
                 continue
             start = time.perf_counter()
             try:
-                fut.set_result(self.backend.load(worker.compile(kind, spec)))
+                fut.set_result(self.backend.load(worker.compile(kind, spec, lambda: fut in self._abandoned)))
             except GrammarError as e:
                 fut.set_exception(e)
             except Exception:  # noqa: BLE001 - never let one spec take the dispatcher down
                 fut.set_exception(GrammarError(param_for(kind), INVALID_GRAMMAR, "grammar could not be compiled"))
+            with self._lock:
+                self._abandoned.discard(fut)
             self.compile_seconds.append(time.perf_counter() - start)
+            worker.warm()
         worker.stop()
 
     def close(self) -> None:

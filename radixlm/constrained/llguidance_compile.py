@@ -17,7 +17,8 @@ from radixlm.constrained.ebnf import ebnf_to_lark
 from radixlm.constrained.errors import GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 
 # Words in llguidance's messages that mean a resource limit was hit (the grammar is too big, not wrong).
-_TOO_LARGE_WORDS = ("too large", "too big", "too many", "too complex", "limit", "fuel", "exceeded")
+_TOO_LARGE_WORDS = ("too large", "too big", "too many", "too complex", "limit", "fuel", "exceeded", "max is")
+_PROBE_TOKENS = 8  # tokens walked at compile time (check_grammar)
 _WORKER_STATE: dict[str, Any] = {}
 
 
@@ -70,10 +71,15 @@ def grammar_text(kind: str, spec: str, options: GrammarOptions) -> str:
         from radixlm.constrained.specs import regex_for_spec
 
         regex_for_spec("choices", spec, options)  # the same checks as the other backends
-        # Lark string literals take JSON-style escapes, so each choice stays a literal.
-        return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(spec)))
-    if kind == "ebnf":
-        return llg.LLMatcher.grammar_from_lark(ebnf_to_lark(spec, options))
+        # One terminal: its literals become one lexer automaton (a trie), so thousands of labels cost what a
+        # few do; as rule alternatives, each would be an Earley item, and past the parser's row limit (2000)
+        # the first token fails. Lark string literals take JSON-style escapes: each choice stays a literal.
+        return llg.LLMatcher.grammar_from_lark("start: CHOICE\nCHOICE: " + " | ".join(
+            json.dumps(c) for c in json.loads(spec)))
+    if kind == "ebnf":  # deferred %json bodies (tools, structural_tag) are lowered here, under the deadline
+        from radixlm.constrained.deferred_json import expand
+
+        return llg.LLMatcher.grammar_from_lark(expand(ebnf_to_lark(spec, options), options))
     if kind == "json_object":
         return llg.LLMatcher.grammar_from_json_schema('{"type": "object"}', overrides=json_options(options))
     if kind == "json_schema":
@@ -120,12 +126,47 @@ def param_of(kind: str) -> str:
 
 
 def check_grammar(grammar: str, tokenizer: Any, param: str) -> None:
-    """Build a matcher (grammar + lexer checks against the tokenizer); GrammarError if llguidance refuses."""
+    """Build a matcher (grammar + lexer checks against the tokenizer) and probe its first tokens; GrammarError
+    if llguidance refuses."""
     import llguidance as llg
 
     matcher = llg.LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
     if matcher.is_error():
         raise grammar_error(param, matcher.get_error())
+    _probe(matcher, tokenizer, param)
+
+
+def _probe(matcher: Any, tokenizer: Any, param: str) -> None:
+    """Walk a few tokens (the lowest allowed id each time, never EOS). A grammar llguidance cannot run fails
+    here rather than after the request's first sampled token: one that accepts no string (`root ::= root`,
+    a $ref cycle) has no allowed token at all; one wider than the parser's row limit (a rule with thousands
+    of alternatives) fails on its first token. Failures deeper in a grammar are not found (docs/robustness.md)."""
+    import numpy as np
+
+    words = np.zeros((tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+    for _ in range(_PROBE_TOKENS):
+        matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        if matcher.is_error():
+            break
+        allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+        allowed = allowed[allowed != tokenizer.eos_token]
+        if not allowed.size:  # only EOS: the walk is done
+            return
+        if not matcher.consume_token(int(allowed[0])):
+            break
+    else:
+        return
+    if not matcher.is_error():
+        return
+    text = matcher.get_error()
+    if text.startswith("NoExtension"):
+        raise GrammarError(param, INVALID_GRAMMAR, "the grammar accepts no string (a rule defined only by "
+                                                   "itself, a $ref cycle, ...)")
+    error = grammar_error(param, text)
+    if "row has" in text:  # the parser's row limit: say how to write such a grammar
+        raise GrammarError(param, error.code, error.message + " (a rule with thousands of alternatives: write "
+                                                              'its literals as one terminal, `WORD: "a" | "b" | ...`)')
+    raise error
 
 
 def tokenizer_payload(tokenizer_json: str, n_vocab: int, eos_token_id: int) -> bytes:

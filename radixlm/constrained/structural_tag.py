@@ -1,6 +1,7 @@
 """SGLang's `structural_tag` constraint -> llguidance Lark text (the `ebnf` kind).
 
-Runs wherever SamplingParams are normalized (pure text building; no tokenizer). The shape:
+Runs wherever SamplingParams are normalized (pure text building; no tokenizer: each structure's schema is
+lowered by the compile worker, under its deadline, see deferred_json.py). The shape:
 `{"type": "structural_tag", "structures": [{"begin", "schema", "end"}], "triggers": [...]}`: free text, and
 once a trigger appears the text must continue as one of the structures whose `begin` starts with it (the
 rest of `begin`, a JSON value matching `schema`, then `end`), after which free text resumes. Triggers are
@@ -12,12 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.constrained.base import GrammarOptions
+from radixlm.constrained.deferred_json import deferred
 from radixlm.constrained.errors import INVALID_GRAMMAR, GrammarError
 
 PARAM = "structural_tag"
-# Canonical JSON (no free whitespace): the model cannot loop on spaces or newlines inside a structure.
-_JSON_STYLE = {"lenient": True, "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _fail(message: str) -> GrammarError:
@@ -44,21 +43,16 @@ def _load(spec: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return structures, triggers
 
 
-def structural_tag_to_lark(spec: Any, options: GrammarOptions | None = None) -> str:
-    from radixlm.constrained.schema_lower import lower_schema
-
+def structural_tag_to_lark(spec: Any) -> str:
     structures, triggers = _load(spec)
-    options = options or GrammarOptions()
     lines, tags = ["%llguidance {}"], []
     for t, trigger in enumerate(triggers):
         bodies = []
         for s, st in enumerate(structures):
             if not st["begin"].startswith(trigger):
                 continue
-            schema = dict(lower_schema(json.dumps(st.get("schema", {})), options, "llguidance").schema)
-            schema["x-guidance"] = _JSON_STYLE
             rest = st["begin"][len(trigger):]
-            parts = [json.dumps(rest) if rest else "", f"%json {json.dumps(schema)}",
+            parts = [json.dumps(rest) if rest else "", deferred(st.get("schema", {}), PARAM, f"structure {s}: "),
                      json.dumps(st["end"]) if st["end"] else ""]
             lines.append(f"body_{t}_{s}: " + " ".join(p for p in parts if p))
             bodies.append(f"body_{t}_{s}")

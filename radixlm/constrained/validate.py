@@ -1,10 +1,11 @@
 """Validate a finished JSON-schema output with `jsonschema`, the reference validator.
 
-Runs where responses are assembled (the detokenizer process, or the Engine's user process). The grammar
-enforces most of a schema while decoding, but some keywords only approximately (`oneOf` exclusivity,
-`uniqueItems` on free values, look-around in `pattern`s, ...), and an output cut by `max_new_tokens` is
-only a valid prefix. So every finished constrained output is checked here, and a failure is reported
-instead of invalid JSON being returned as if it were valid.
+Runs where responses are assembled: in the server, in check workers under a deadline (check_pool.py: a
+hostile `pattern` can backtrack for minutes, a large schema's validator takes seconds to build); in the
+Engine's user process, inline. The grammar enforces most of a schema while decoding, but some keywords
+only approximately (`oneOf` exclusivity, `uniqueItems` on free values, look-around in `pattern`s, ...), and
+an output cut by `max_new_tokens` is only a valid prefix. So every finished constrained output is checked
+here, and a failure is reported instead of invalid JSON being returned as if it were valid.
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ _lock = Lock()
 
 @dataclass(frozen=True)
 class JsonCheck:
-    valid: bool
-    error: str | None = None  # why not: "incomplete", "not JSON", or the first schema violation
+    valid: bool | None  # None: unchecked (the check did not finish within its time budget, check_pool.py)
+    error: str | None = None  # why not: "incomplete", "not JSON", the first schema violation, or "unchecked: ..."
+
+    def to_json(self) -> bytes:
+        return json.dumps({"valid": self.valid, "error": self.error}).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "JsonCheck":
+        d = json.loads(data)
+        valid = d.get("valid")
+        return cls(valid if isinstance(valid, bool) else None, d.get("error"))
 
     def to_meta(self) -> dict[str, Any]:
         """The meta_info fields (native API) for this check."""
@@ -52,6 +62,12 @@ def check_json_output(spec: str, text: str, complete: bool) -> JsonCheck:
         return JsonCheck(True)
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
     return JsonCheck(False, f"{_short(error.message)} (at {_short(where)})")
+
+
+def check_serialized(kind: str, spec: str, options: Any, payload: bytes) -> bytes:
+    """Check-worker entry point (check_pool.py): spec is JSON {"schema", "text", "complete"}."""
+    job = json.loads(spec)
+    return check_json_output(str(job["schema"]), str(job["text"]), bool(job["complete"])).to_json()
 
 
 def _validator(spec: str) -> Any:

@@ -32,8 +32,15 @@ READY = b"ready"
 TOO_LARGE_MESSAGE = "grammar needs more memory to compile than allowed"
 
 
-def param_for(kind: str) -> str:
-    """The request field a kind's errors point at."""
+def param_for(kind: str, spec: str = "") -> str:
+    """The request field a kind's errors point at (for a grammar with deferred schemas: the field they
+    came from, such as tools)."""
+    if kind == "ebnf" and spec:
+        from radixlm.constrained.deferred_json import deferred_param
+
+        param = deferred_param(spec)
+        if param is not None:
+            return param
     return {"json_object": "response_format"}.get(kind, kind if kind in ("regex", "json_schema", "choices", "ebnf")
                                                    else "grammar")
 
@@ -48,6 +55,13 @@ def _compiler(backend: str) -> Callable[[str, str, GrammarOptions, bytes], bytes
         from radixlm.constrained.xgrammar_backend import compile_serialized
 
         return compile_serialized
+    if backend == "json_check":  # finished-output checks (check_pool.py), not a grammar backend
+        import jsonschema  # noqa: F401 - imported before "ready", like a backend's library
+        import regress  # noqa: F401
+
+        from radixlm.constrained.validate import check_serialized
+
+        return check_serialized
     if backend == "llguidance":
         from radixlm.constrained.llguidance_compile import compile_serialized as compile_llguidance
 
@@ -57,7 +71,7 @@ def _compiler(backend: str) -> Callable[[str, str, GrammarOptions, bytes], bytes
 
 def _compile(request: bytes, compile_fn: Callable[[str, str, GrammarOptions, bytes], bytes],
              options: GrammarOptions, payload: bytes) -> list[bytes]:
-    kind = "grammar"
+    kind, spec = "grammar", ""
     try:
         job = json.loads(request)
         kind, spec = str(job["kind"]), str(job["spec"])
@@ -66,9 +80,10 @@ def _compile(request: bytes, compile_fn: Callable[[str, str, GrammarOptions, byt
     except GrammarError as e:
         error = e.to_dict()
     except MemoryError:
-        error = {"param": param_for(kind), "code": GRAMMAR_TOO_LARGE, "message": TOO_LARGE_MESSAGE}
+        error = {"param": param_for(kind, spec), "code": GRAMMAR_TOO_LARGE, "message": TOO_LARGE_MESSAGE}
     except Exception:  # noqa: BLE001 - a bug or resource error must not kill the worker or leak details
-        error = {"param": param_for(kind), "code": INVALID_GRAMMAR, "message": "grammar could not be compiled"}
+        error = {"param": param_for(kind, spec), "code": INVALID_GRAMMAR,
+                 "message": "grammar could not be compiled"}
     return [json.dumps({"ok": False, "error": error}).encode()]
 
 

@@ -47,7 +47,8 @@ def start_children(engine_config: EngineConfig, server_config: ServerConfig, add
                                   args=(_rank_config(engine_config, rank, dp_size), addrs.for_rank(rank),
                                         parent, server_config.log_level, rank))
     procs["detokenizer"] = ctx.Process(target=run_detokenizer_process, name="radixlm-detokenizer",
-                                       args=(tokenizer_path, addrs, parent, server_config.log_level))
+                                       args=(tokenizer_path, addrs, parent, server_config.log_level,
+                                             engine_config.grammar))
     for proc in procs.values():
         proc.start()
     return procs

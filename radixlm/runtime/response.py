@@ -33,6 +33,8 @@ class ResponseState:
         self.error: RequestError | None = None  # set when the request was refused or failed
         self.last: TokenOut | None = None
         self.json_check: JsonCheck | None = None  # set when a json_schema request finishes
+        # The detokenizer checks in worker processes (check_pool.py) and sets json_check itself.
+        self.defer_json_check = False
         self.start = time.perf_counter()
         self.logprobs: dict[str, list] = {k: [] for k in (
             "input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs",
@@ -66,9 +68,14 @@ class ResponseState:
                 if hit is not None:
                     self.text = self.text[: hit[1]]
         self.finish = finish
-        if finish is not None and finish.type != "abort" and self.error is None and self.params.json_schema:
+        if self.needs_json_check() and not self.defer_json_check:
             self.json_check = check_json_output(self.params.json_schema, self.text, finish.type != "length")
         self._add_logprobs(out)
+
+    def needs_json_check(self) -> bool:
+        """Finished (not aborted, not failed) with a json_schema: the output is checked against it."""
+        finish = self.finish
+        return finish is not None and finish.type != "abort" and self.error is None and bool(self.params.json_schema)
 
     def _find_matched(self, matched: str, before: int) -> tuple[str, int] | None:
         """Where the scheduler's stop string (or stop_regex, named by its pattern) matched, in the same

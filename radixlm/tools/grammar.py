@@ -2,7 +2,8 @@
 
 Runs in the HTTP process (pure text building; the scheduler's compile workers compile it). Each call is
 the family's literal wrapper around `%json {parameters}`, so the arguments always match the tool's schema
-(lowered by radixlm.constrained exactly as for response_format); the function name is a literal of the
+(lowered exactly as for response_format, by the compile worker under its deadline: constrained/deferred_json.py);
+the function name is a literal of the
 request's tools. `required` / named: the whole output is calls. `auto`: free text until the family's
 trigger (an llguidance lazy lexeme: it ends the text at the trigger's first occurrence), then the rest of
 the call group is constrained; after the last call only EOS is allowed.
@@ -21,8 +22,6 @@ from radixlm.sampling_params import MAX_STOP_STRINGS
 from radixlm.tools.parsers.base import ToolFormat
 from radixlm.tools.spec import ToolRequest, ToolSpec
 
-# Canonical JSON inside calls: the model cannot loop on whitespace, and json.dumps's separators match.
-_JSON_STYLE = {"lenient": True, "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # Lark's regex `.` excludes newlines; text before a call may hold any character.
 _TEXT = r"TEXT: /(.|\n)*/"
 
@@ -30,7 +29,9 @@ _TEXT = r"TEXT: /(.|\n)*/"
 def lowered_parameters(tool: ToolSpec, options: GrammarOptions, listed_only: bool = False) -> dict[str, Any]:
     """The tool's parameter schema as the llguidance backend compiles response_format schemas; 400 if bad.
     listed_only (tool calls): an object listing `properties` takes only those, so no undeclared argument
-    (a handler's `f(**args)` fails on one; OpenAI's strict mode and xgrammar do the same)."""
+    (a handler's `f(**args)` fails on one; OpenAI's strict mode and xgrammar do the same). Lowering can take
+    exponential time: grammars sent to a server use deferred_parameters, which the compile worker lowers."""
+    from radixlm.constrained.deferred_json import CANONICAL
     from radixlm.constrained.llguidance_compile import external_ref
     from radixlm.constrained.schema_lower import lower_schema
 
@@ -42,8 +43,17 @@ def lowered_parameters(tool: ToolSpec, options: GrammarOptions, listed_only: boo
     if ref is not None:
         raise InvalidRequestError(f"tools: function {tool.name!r}: external $ref '{ref[:100]}' is not supported",
                                   param="tools", code="invalid_grammar")
-    schema["x-guidance"] = _JSON_STYLE
+    schema["x-guidance"] = CANONICAL
     return schema
+
+
+def deferred_parameters(tool: ToolSpec, param: str = "tools", listed_only: bool = False) -> str:
+    """Lark `%json` for the tool's arguments, lowered (as lowered_parameters does) by the compile worker,
+    under its deadline: not on the HTTP process's threads."""
+    from radixlm.constrained.deferred_json import deferred
+
+    where = f"function {tool.name!r}: " if param == "tools" else ""
+    return deferred(tool.parameters, param, where, listed_only)
 
 
 def literal(text: str, special_tokens: Iterable[str] = ()) -> str:
@@ -60,8 +70,8 @@ def _call_rules(req: ToolRequest, fmt: ToolFormat, options: GrammarOptions, spec
     rules, names = [], []
     for i, tool in enumerate(req.callable_tools()):
         head = '{"name": %s, "%s": ' % (json.dumps(tool.name), fmt.args_key)
-        schema = json.dumps(lowered_parameters(tool, options, listed_only=True))
-        rules.append(f'call_body_{i}: {literal(head)} %json {schema} "}}" {literal(fmt.call_close, specials)}')
+        body = deferred_parameters(tool, listed_only=True)
+        rules.append(f'call_body_{i}: {literal(head)} {body} "}}" {literal(fmt.call_close, specials)}')
         names.append(f"call_body_{i}")
     rules.append("call_body: " + " | ".join(names))
     rules.append(f"call: {literal(fmt.call_open, specials)} call_body")

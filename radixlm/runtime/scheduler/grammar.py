@@ -105,9 +105,12 @@ class GrammarManager:
         return self._unique[key]
 
     def remove(self, rid: str) -> Req | None:
-        for i, (req, _) in enumerate(self._pending):
+        """Take a waiting request out (aborted); a compile only it waited for is stopped."""
+        for i, (req, fut) in enumerate(self._pending):
             if req.rid == rid:
                 del self._pending[i]
+                if self._cache is not None and all(f is not fut for _, f in self._pending):
+                    self._cache.abandon(fut)
                 return req
         return None
 

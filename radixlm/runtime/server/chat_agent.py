@@ -10,9 +10,9 @@ import json
 from typing import Any, Iterator
 
 from radixlm.constrained.base import GrammarOptions
-from radixlm.constrained.validate import check_json_output
+from radixlm.constrained.check_pool import check_blocking
 from radixlm.runtime.server.reasoning import PARSERS, ReasoningParser, ReasoningStream
-from radixlm.tools.grammar import lowered_parameters
+from radixlm.tools.grammar import deferred_parameters
 from radixlm.tools.plan import GRAMMAR_BACKEND, ToolPlan, plan_tools
 from radixlm.tools.spec import ToolSpec
 
@@ -37,8 +37,8 @@ class ChatAgent:
             return params  # on other backends a constraint covers the whole output (thinking included)
         if params.get("json_schema") is not None:  # the schema applies to the content after the thought
             self._schema = params.pop("json_schema")
-            schema = lowered_parameters(ToolSpec("response_format", "", json.loads(self._schema)), self._options)
-            params["ebnf"] = "start: %json " + json.dumps(schema) + "\n"
+            body = deferred_parameters(ToolSpec("response_format", "", json.loads(self._schema)), "response_format")
+            params["ebnf"] = "start: " + body + "\n"  # lowered by the compile worker, under its deadline
         if params.get("ebnf") is not None and (self.tools is not None or self._schema is not None):
             params["ebnf"] = self.reasoning.wrap_grammar(params["ebnf"])
         return params
@@ -60,7 +60,7 @@ class ChatAgent:
 
     def _details(self, choice: dict[str, Any], content: str) -> dict[str, Any]:
         if self._schema is not None:
-            check = check_json_output(self._schema, content, choice["finish_reason"] != "length")
+            check = check_blocking(self._schema, content, choice["finish_reason"] != "length")
             choice["finish_details"] = {"json_schema_valid": check.valid,
                                         **({"json_schema_error": check.error} if check.error else {})}
         return choice

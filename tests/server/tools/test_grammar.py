@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from radixlm.constrained.base import GrammarOptions
+from radixlm.constrained.errors import GrammarError
 from radixlm.constrained.simulate import random_walk
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.server.reasoning import PARSERS
@@ -81,12 +82,14 @@ def test_required_refuses_text_and_wrong_arguments(llg_backend, byte_tokenizer):
     assert not all(matcher.accept_token(t) for t in ids)
 
 
-def test_none_has_no_grammar_and_bad_schemas_are_400():
+def test_none_has_no_grammar_and_bad_schemas_are_400(llg_backend):
+    """A bad tool schema is a 400 naming `tools` and the function when the grammar compiles (the schemas
+    are lowered in the compile worker, under its deadline)."""
     assert _grammar("none") is None
     bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "$ref": "http://x/y"}}}]
-    with pytest.raises(InvalidRequestError) as exc:
-        _grammar("required", tools=bad)
-    assert exc.value.param == "tools"
+    with pytest.raises(GrammarError) as exc:
+        llg_backend.compile("ebnf", _grammar("required", tools=bad))
+    assert exc.value.param == "tools" and str(exc.value).startswith("tools: function 'f': external $ref")
 
 
 @pytest.mark.parametrize("obj,param", [
