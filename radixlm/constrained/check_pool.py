@@ -79,11 +79,17 @@ class OutputChecker:
         self._cache.close()
 
 
-def check_blocking(spec: str, text: str, complete: bool) -> JsonCheck:
-    """check_json_output for a caller that must answer now (the HTTP process): in this process's shared
-    check workers, unchecked after about BLOCKING_TIMEOUT_S."""
+def shared_checker() -> OutputChecker:
+    """This process's shared checker, started on first use (its workers start in the background: call this
+    when a request that will need checks begins, so they are warm when it ends)."""
     global _shared
     with _shared_lock:
         if _shared is None:
             _shared = OutputChecker(num_workers=2, timeout_s=BLOCKING_TIMEOUT_S)
-    return _shared.check(spec, text, complete)
+        return _shared
+
+
+def check_blocking(spec: str, text: str, complete: bool) -> JsonCheck:
+    """check_json_output for a caller that must answer now (the HTTP process): in this process's shared
+    check workers, unchecked after about BLOCKING_TIMEOUT_S."""
+    return shared_checker().check(spec, text, complete)

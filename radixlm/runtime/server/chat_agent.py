@@ -10,7 +10,7 @@ import json
 from typing import Any, Iterator
 
 from radixlm.constrained.base import GrammarOptions
-from radixlm.constrained.check_pool import check_blocking
+from radixlm.constrained.check_pool import check_blocking, shared_checker
 from radixlm.runtime.server.reasoning import PARSERS, ReasoningParser, ReasoningStream
 from radixlm.tools.grammar import deferred_parameters
 from radixlm.tools.plan import GRAMMAR_BACKEND, ToolPlan, plan_tools
@@ -26,6 +26,8 @@ class ChatAgent:
         name = config.reasoning_parser
         self.reasoning: ReasoningParser | None = PARSERS[name] if name else None
         self._schema: str | None = None  # response_format schema this layer validates (see sampling_params)
+        if self.tools is not None or self.reasoning is not None:
+            shared_checker()  # its check workers start now, so they are warm when the output is checked
 
     def render(self, messages: list[dict[str, Any]], tools: Any) -> tuple[list[dict[str, Any]], Any]:
         return self.tools.render(messages) if self.tools is not None else (messages, tools)
