@@ -12,8 +12,10 @@
 // horizontal sum at the end. In a panel, lane j of a vector holds 4 consecutive values of weight row j:
 // one dpbusd of a panel vector with 4 activation bytes broadcast adds 4 products to each of 16 outputs, an
 // int32 sum covers a whole 32-value block (one scale), and the float work is one conversion and one FMA
-// per 32 values x 16 outputs. Each panel vector is unpacked once per step and used by every activation row
-// (up to 8 per pass), and the panel is as large as the file's blocks (the same bits, regrouped).
+// per 32 values x 16 outputs. Each panel vector is unpacked once per pass and used by every activation row
+// of the pass (kRowTile: 16 with AVX-512, so a 16-row decode step unpacks each weight once), and the panel is
+// as large as the file's blocks (the same bits, regrouped). A thread reads its panels as one stream, asking
+// for the lines PF_AHEAD bytes ahead (a single row is bound by memory).
 //
 // A panel's 32-value block (16 rows): low 4 bits of each value in 4 x 64 bytes (byte 4j + t of part c: value
 // 4c + t of row j in the low nibble, value 16 + 4c + t in the high one), then the fifth (and sixth) bits as
@@ -32,7 +34,12 @@ namespace {
 using u8x64 = uint8_t __attribute__((vector_size(64)));
 
 constexpr int kPanel = 16;   // weight rows per panel (one output per fp32 lane)
-constexpr int kRowTile = 8;  // activation rows per pass over a panel
+// Activation rows per pass over a panel: as many accumulators as the registers hold (32 zmm with AVX-512).
+#ifdef __AVX512F__
+constexpr int kRowTile = 16;
+#else
+constexpr int kRowTile = 8;
+#endif
 
 // ---- bytes per panel block, per type ----------------------------------------------------------------------
 
@@ -124,6 +131,12 @@ inline void high_pairs(const uint8_t* p, u8x64* u) {
     u[4 * h + 2] |= (u8x64)v & uint8_t(0x30);
     u[4 * h + 3] |= (u8x64)(v >> 2) & uint8_t(0x30);
   }
+}
+
+constexpr int64_t PF_AHEAD = 2048;
+// Ask for the lines PF_AHEAD bytes past [p, p + n): a panel is read as one stream, the next panel after it.
+inline void prefetch(const uint8_t* p, int64_t n) {
+  for (int64_t o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + PF_AHEAD + o), _MM_HINT_T0);
 }
 
 inline int32_t x4(const int8_t* p) {
@@ -227,6 +240,7 @@ XQ quantize(const float* x, int64_t m, int64_t in, XBuffers& b) {
 template <int R>
 void panel_q5_0(const uint8_t* p, const XQ& x, int64_t r0, f32x16* acc) {
   for (int64_t b = 0; b < x.nb; ++b, p += layout(Q5_0).bytes) {
+    prefetch(p, layout(Q5_0).bytes);
     const f32x16 a = load_f16x16(p);
     u8x64 u[8];
     nibbles(p + 32, u);
@@ -244,6 +258,7 @@ void panel_q5_0(const uint8_t* p, const XQ& x, int64_t r0, f32x16* acc) {
 template <int R>
 void panel_q8_0(const uint8_t* p, const XQ& x, int64_t r0, f32x16* acc) {
   for (int64_t b = 0; b < x.nb; ++b, p += layout(Q8_0).bytes) {
+    prefetch(p, layout(Q8_0).bytes);
     const f32x16 a = load_f16x16(p);
     u8x64 w[8];
     for (int g = 0; g < 8; ++g) w[g] = load64(p + 32 + 64 * g);
@@ -262,6 +277,7 @@ void panel_q4_k(const uint8_t* p, const XQ& x, int64_t r0, f32x16* acc) {
   for (int64_t sb = 0; sb < x.nb / 8; ++sb, p += layout(Q4_K).bytes) {
     const f32x16 d = load_f16x16(p), dmin = load_f16x16(p + 32);
     for (int j = 0; j < 8; ++j) {
+      prefetch(p + layout(Q4_K).bytes / 8 * j, layout(Q4_K).bytes / 8);
       const f32x16 a = d * to_f32(load_u8(p + 64 + 16 * j));
       const f32x16 neg_min = -(dmin * to_f32(load_u8(p + 192 + 16 * j)));
       u8x64 u[8];
@@ -283,6 +299,7 @@ void panel_q6_k(const uint8_t* p, const XQ& x, int64_t r0, f32x16* acc) {
   for (int64_t sb = 0; sb < x.nb / 8; ++sb, p += layout(Q6_K).bytes) {
     const f32x16 d = load_f16x16(p);
     for (int j = 0; j < 8; ++j) {
+      prefetch(p + layout(Q6_K).bytes / 8 * j, layout(Q6_K).bytes / 8);
       const f32x16 a0 = d * to_f32(load_i8(p + 32 + 32 * j)), a1 = d * to_f32(load_i8(p + 48 + 32 * j));
       u8x64 u[8];
       nibbles(p + 288 + 256 * j, u);
@@ -314,8 +331,11 @@ void panel_rows(int64_t t, const uint8_t* p, const XQ& x, int64_t r0, f32x16* ac
 using PanelFn = void (*)(int64_t, const uint8_t*, const XQ&, int64_t, f32x16*);
 
 PanelFn panel_fn(int r) {
-  static constexpr PanelFn fns[kRowTile] = {panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
-                                            panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>};
+  static constexpr PanelFn fns[16] = {panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
+                                      panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>,
+                                      panel_rows<9>, panel_rows<10>, panel_rows<11>, panel_rows<12>,
+                                      panel_rows<13>, panel_rows<14>, panel_rows<15>, panel_rows<16>};
+  static_assert(kRowTile <= 16);
   return fns[r - 1];
 }
 
@@ -369,35 +389,46 @@ inline void scale_min_k4(int j, const uint8_t* s, uint8_t& sc, uint8_t& m) {
   }
 }
 
-// One 32-value block of 16 rows' values (v[j]: row j's values from this block on), low 4 bits, in panel order.
-uint8_t* put_nibbles(const uint8_t* const* v, uint8_t* out) {
-  for (int c = 0; c < 4; ++c)
-    for (int j = 0; j < kPanel; ++j)
-      for (int t = 0; t < 4; ++t) *out++ = (v[j][4 * c + t] & 0xF) | (v[j][16 + 4 * c + t] & 0xF) << 4;
+// A 32-value block of 16 rows (v[j]: row j's values from this block on) as its 8 group vectors: byte 4j + t
+// of group g is value 4g + t of row j, the order the kernels' vectors hold them.
+struct Groups {
+  u8x64 g[8];
+  explicit Groups(const uint8_t* const* v) {
+    for (int k = 0; k < 8; ++k)
+      for (int j = 0; j < kPanel; ++j) std::memcpy(reinterpret_cast<uint8_t*>(&g[k]) + 4 * j, v[j] + 4 * k, 4);
+  }
+};
+
+inline uint8_t* put(uint8_t* out, const u8x64& v) {
+  std::memcpy(out, &v, sizeof v);
+  return out + sizeof v;
+}
+
+// The low 4 bits: part c holds group c in its low nibbles, group c + 4 in its high ones.
+uint8_t* put_nibbles(const Groups& x, uint8_t* out) {
+  for (int c = 0; c < 4; ++c) out = put(out, (x.g[c] & uint8_t(0x0F)) | (x.g[c + 4] << 4));
   return out;
 }
 
-// Bit `bit` of the same values as 8 masks, one per 4-value group.
-uint8_t* put_bits(const uint8_t* const* v, uint8_t* out, int bit) {
-  for (int g = 0; g < 8; ++g) {
+// Bit `bit` of the values as 8 masks, one per group (bit i: byte i of the group).
+uint8_t* put_bits(const Groups& x, uint8_t* out, int bit) {
+  for (int k = 0; k < 8; ++k) {
+    const u8x64 b = (x.g[k] >> bit) & uint8_t(1);
     uint64_t mask = 0;
-    for (int j = 0; j < kPanel; ++j)
-      for (int t = 0; t < 4; ++t) mask |= uint64_t((v[j][4 * g + t] >> bit) & 1) << (4 * j + t);
+    for (int i = 0; i < 64; ++i) mask |= uint64_t(b[i]) << i;
     std::memcpy(out, &mask, 8);
     out += 8;
   }
   return out;
 }
 
-// Bits 4-5 of the same values as high_pairs reads them.
-uint8_t* put_pairs(const uint8_t* const* v, uint8_t* out) {
-  for (int h = 0; h < 2; ++h)
-    for (int j = 0; j < kPanel; ++j)
-      for (int t = 0; t < 4; ++t) {
-        uint8_t byte = 0;
-        for (int k = 0; k < 4; ++k) byte |= ((v[j][4 * (4 * h + k) + t] >> 4) & 3) << (2 * k);
-        *out++ = byte;
-      }
+// Bits 4-5 of the values as high_pairs reads them: part h, bits 2k .. 2k + 1 from group 4h + k.
+uint8_t* put_pairs(const Groups& x, uint8_t* out) {
+  for (int h = 0; h < 2; ++h) {
+    u8x64 v{};
+    for (int k = 0; k < 4; ++k) v |= ((x.g[4 * h + k] >> 4) & uint8_t(3)) << (2 * k);
+    out = put(out, v);
+  }
   return out;
 }
 
@@ -417,13 +448,12 @@ void pack_panel(int64_t t, const uint8_t* const* rows, int n, int64_t in, uint8_
     if (t == Q5_0 || t == Q8_0) {
       put_f16(b, 0);
       for (int j = 0; j < kPanel; ++j) v[j] = vals.data() + j * in + 32 * b;
+      const Groups x(v);
       if (t == Q8_0) {
-        for (int g = 0; g < 8; ++g)
-          for (int j = 0; j < kPanel; ++j)
-            for (int tt = 0; tt < 4; ++tt) *out++ = v[j][4 * g + tt];
+        for (int g = 0; g < 8; ++g) out = put(out, x.g[g]);
       } else {
-        out = put_nibbles(v, out);
-        out = put_bits(v, out, 4);
+        out = put_nibbles(x, out);
+        out = put_bits(x, out, 4);
       }
     } else if (t == Q4_K) {
       put_f16(b, 0);
@@ -433,7 +463,7 @@ void pack_panel(int64_t t, const uint8_t* const* rows, int n, int64_t in, uint8_
       out += 256;
       for (int s = 0; s < 8; ++s) {
         for (int j = 0; j < kPanel; ++j) v[j] = vals.data() + j * in + 256 * b + 32 * s;
-        out = put_nibbles(v, out);
+        out = put_nibbles(Groups(v), out);
       }
     } else {  // Q6_K
       put_f16(b, 208);
@@ -442,11 +472,11 @@ void pack_panel(int64_t t, const uint8_t* const* rows, int n, int64_t in, uint8_
       out += 256;
       for (int s = 0; s < 8; ++s) {
         for (int j = 0; j < kPanel; ++j) v[j] = vals.data() + j * in + 256 * b + 32 * s;
-        out = put_nibbles(v, out);
+        out = put_nibbles(Groups(v), out);
       }
       for (int s = 0; s < 8; ++s) {
         for (int j = 0; j < kPanel; ++j) v[j] = vals.data() + j * in + 256 * b + 32 * s;
-        out = put_pairs(v, out);
+        out = put_pairs(Groups(v), out);
       }
     }
   }

@@ -8,14 +8,14 @@ size as the blocks; the loader then lets go of the file's pages): csrc/gguf_pack
 with every activation row of a step per unpacked panel vector, and one float FMA per 32 values x 16 outputs.
 The compiled ops (radixlm/kernels/cpu/csrc/gguf_*.cpp) read the blocks or panels directly:
   - steps of up to GEMV_MAX_ROWS rows (decode), packed weights: gguf_linear_packed (int8 activations, as
-    below); other parts all of a type in Q8_TYPES: gguf_linear_q8 rounds
-    each activation row to int8 in blocks of 32 (as llama.cpp does) and takes integer dot products with
-    the weight's own quantized values; other types: gguf_linear dequantizes each weight row once into a
-    cache-resident buffer and multiplies it with every activation row (fp32 activations, no rounding);
+    below); other weights, every part of a type in Q8_TYPES: gguf_linear_q8
+    rounds each activation row to int8 in blocks of 32 (as llama.cpp does) and takes integer dot products
+    with the weight's own quantized values; other types: gguf_linear dequantizes each weight row once into
+    a cache-resident buffer and multiplies it with every activation row (fp32 activations, no rounding);
   - larger steps (prefill): the weight (blocks or panels) is dequantized a tile of rows at a time, bit for
-    bit the gguf package's values, and multiplied by torch's
-    GEMM (bf16 where the CPU computes it natively, else fp32), so the arithmetic runs at the GEMM's rate
-    and the dequantized copy never exceeds one tile;
+    bit the gguf package's values, and multiplied by torch's GEMM (bf16 where the CPU computes it
+    natively, else fp32), so the arithmetic runs at the GEMM's rate and the dequantized copy never
+    exceeds one tile;
   - the embedding lookup dequantizes only the looked-up rows.
 """
 
