@@ -107,6 +107,8 @@ class CostTable:
 
 
 def replay(args, data, tok, name: str, batch: int, cost: CostTable) -> dict:
+    from dataclasses import replace
+
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.messages import FinishReason
     from radixlm.runtime.scheduler.request import Req
@@ -121,7 +123,7 @@ def replay(args, data, tok, name: str, batch: int, cost: CostTable) -> dict:
     ctl = SpecController(config, NgramProposer(config, tok), context_len=8192)
     ctl.cost_aware = not args.plain_budget
     if args.large_max is not None:
-        controller.LARGE_BATCH_MAX_DRAFT = args.large_max
+        controller.T = replace(controller.T, large_batch_max_draft=args.large_max)  # the controller's tuning
     items = data["workloads"][name][:batch]
     reqs, want = [], {}
     for i, item in enumerate(items):
@@ -170,8 +172,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=None, help="speculative_num_draft_tokens (default: the engine's)")
     ap.add_argument("--ngram-min-match", type=int, default=3)
     ap.add_argument("--min-acceptance", type=float, default=0.25)
-    ap.add_argument("--plain-budget", action="store_true", help="controller.COST_AWARE off (no first-token gate)")
-    ap.add_argument("--large-max", type=int, default=None, help="controller.LARGE_BATCH_MAX_DRAFT")
+    ap.add_argument("--plain-budget", action="store_true", help="tuning.cost_aware off (no first-token gate)")
+    ap.add_argument("--large-max", type=int, default=None, help="tuning.large_batch_max_draft")
     ap.add_argument("--workloads", nargs="+", default=["json", "code", "chat", "free"], choices=list(WORKLOADS))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     args = ap.parse_args()

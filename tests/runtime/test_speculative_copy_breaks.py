@@ -93,7 +93,7 @@ def test_own_text_drafts_stop_where_the_prompts_copies_ended(large_batch):
         prop.own_prior = 1.0  # not capped as weak (tested in test_speculative_verify.py)
         req = _req(shot_record + shot + record + answer[:-1])
         req.output_ids = answer[-1:]
-        drafts[name] = prop.propose([req], [4], [True], large_batch)[0][0]
+        drafts[name] = prop.propose([req], [4], [True], large_batch)[0].tokens
         req.finish = FinishReason("length", length=0)
         prop.on_finish(req)
         prop.check_integrity(idle=True)
@@ -105,9 +105,9 @@ def test_a_rejected_own_text_draft_teaches_the_next_one():
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
     prop = C.NgramProposer(config, _Tokenizer())
     req = _req([1, 2, 3, 4, 5, 6, 8, 9, 13, 1, 2, 3, 4])  # no copy inside: nothing learned yet
-    assert prop.propose([req], [4], [True])[0][0] == [5, 6, 8, 9]
+    assert prop.propose([req], [4], [True])[0].tokens == [5, 6, 8, 9]
     prop.on_verified(req, 4, 2)  # '.' (at 6) rejected
-    assert prop.propose([req], [4], [True])[0][0] == [5, 6]
+    assert prop.propose([req], [4], [True])[0].tokens == [5, 6]
     req.finish = FinishReason("length", length=0)
     prop.on_finish(req)
     prop.check_integrity(idle=True)
@@ -128,7 +128,7 @@ def test_observe_builds_what_a_lookup_needs_and_the_draft_stays_the_same():
         if observed:
             prop.observe([req])
             assert "a" in prop._breaks and prop._text["a"].ids == req.full_ids()
-        drafts.append(prop.propose([req], [4], [True])[0][0])
+        drafts.append(prop.propose([req], [4], [True])[0].tokens)
         req.finish = FinishReason("length", length=0)
         prop.on_finish(req)
         prop.check_integrity(idle=True)

@@ -7,7 +7,8 @@ from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.messages import FinishReason
 from radixlm.runtime.speculative.controller import SpecController
 from radixlm.runtime.speculative.ngram_proposer import NgramProposer
-from radixlm.runtime.speculative.follow import RESYNC_MATCH, RESYNC_WINDOW, Follow
+from radixlm.runtime.speculative.follow import Follow
+from radixlm.runtime.speculative.tuning import TUNING as T
 from tests.runtime.test_speculative_verify import _req
 
 SOURCE = [40, 41, 42, 53, 20, 21, 22, 23, 24, 30, 31, 32, 33, 34]
@@ -34,12 +35,12 @@ def test_a_departure_drops_the_cursor_and_the_source_is_rejoined_soon_after() ->
     seq = [9, 40, 41, 42]
     follow = _following(seq, 3, 2)
     assert follow.propose("r", seq + [53, 20, 99], 3).tokens == []  # 99: the source has 21
-    # The request writes on; once its last RESYNC_MATCH tokens occur in the source after where it left,
+    # The request writes on; once its last T.resync_match tokens occur in the source after where it left,
     # the copy goes on from there.
-    later = seq + [53, 20, 99, 98, 30, 31][: 4 + RESYNC_MATCH]
+    later = seq + [53, 20, 99, 98, 30, 31][: 4 + T.resync_match]
     p = follow.propose("r", later, 3)
-    assert later[-RESYNC_MATCH:] == SOURCE[11 - RESYNC_MATCH : 11]
-    assert p.tokens == SOURCE[11:14] and p.match == RESYNC_MATCH
+    assert later[-T.resync_match:] == SOURCE[11 - T.resync_match : 11]
+    assert p.tokens == SOURCE[11:14] and p.match == T.resync_match
     follow.finish("r")
     assert len(follow) == 0
 
@@ -47,7 +48,7 @@ def test_a_departure_drops_the_cursor_and_the_source_is_rejoined_soon_after() ->
 def test_the_source_is_not_searched_past_the_window() -> None:
     seq = [9, 40, 41, 42]
     follow = _following(seq, 3, 2)
-    far = seq + [53, 20] + [99] * (RESYNC_WINDOW + RESYNC_MATCH) + [30, 31]
+    far = seq + [53, 20] + [99] * (T.resync_window + T.resync_match) + [30, 31]
     assert follow.propose("r", far, 3).tokens == []
     assert len(follow) == 0  # given up: nothing kept for the request
 

@@ -10,8 +10,10 @@ import torch
 
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, make_generator
 from radixlm.runtime.speculative.adaptive import AdaptiveState
-from radixlm.runtime.speculative.ngram import (TAIL_SCAN_MAX, LiveNgrams, NgramCorpus, NgramIndex, common_prefix,
+from radixlm.runtime.speculative.drafts import Draft
+from radixlm.runtime.speculative.ngram import (LiveNgrams, NgramCorpus, NgramIndex, Proposal, common_prefix,
                                               propose_ngram)
+from radixlm.runtime.speculative.tuning import TUNING as T
 from radixlm.runtime.speculative.verify import verify_sampled
 from radixlm.sampling_params import SamplingParams
 
@@ -112,7 +114,7 @@ def _reference_lookup(seq, n):
 
 def test_ngram_index_equals_a_scan_as_the_sequence_grows():
     """Lookups read the indexed n-grams and scan the tail added since the last observe (tails of 0 to
-    TAIL_SCAN_MAX tokens here; a longer one is indexed first): every occurrence is found, as by a scan of
+    T.tail_scan_max tokens here; a longer one is indexed first): every occurrence is found, as by a scan of
     the whole sequence."""
     g = torch.Generator().manual_seed(0)
     seq: list[int] = []
@@ -127,7 +129,7 @@ def test_ngram_index_equals_a_scan_as_the_sequence_grows():
                 assert index.lookup(seq, n) == _reference_lookup(seq, n), (len(seq), n)
                 every = [e for e in range(n, len(seq)) if seq[e - n : e] == seq[-n:]]
                 assert list(index.occurrences(seq, n)) == every, (len(seq), n)
-    assert {0, 1, 2, TAIL_SCAN_MAX} <= tails
+    assert {0, 1, 2, T.tail_scan_max} <= tails
 
 
 def test_an_adopted_index_is_the_one_indexing_gives():
@@ -171,13 +173,13 @@ def test_an_adopted_index_is_the_one_indexing_gives():
 
 
 def test_a_new_request_adopts_a_running_ones_prefix_but_not_a_constrained_ones(monkeypatch):
-    """NgramProposer: a request whose first ADOPT_MIN+ tokens a running request of its namespace holds starts
+    """NgramProposer: a request whose first tuning.adopt_min+ tokens a running request of its namespace holds starts
     from that index; a constrained request (its tokens can be replaced) or another tenant's is no donor."""
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.messages import FinishReason
     from radixlm.runtime.speculative import ngram_proposer as P
 
-    prefix = [int(t) for t in torch.randint(0, 500, (P.ADOPT_MIN + 40,), generator=torch.Generator().manual_seed(1))]
+    prefix = [int(t) for t in torch.randint(0, 500, (T.adopt_min + 40,), generator=torch.Generator().manual_seed(1))]
     config = SpeculativeConfig(speculative_algorithm="NGRAM")
     for donor_grammar, namespace, adopts in ((None, "", True), (object(), "", False), (None, "other", False)):
         prop = P.NgramProposer(config)
@@ -200,14 +202,14 @@ def test_a_new_request_adopts_a_running_ones_prefix_but_not_a_constrained_ones(m
 
 
 def test_a_finished_requests_index_is_a_donor_for_the_next_turn(monkeypatch):
-    """A request that finished normally leaves its index behind (DONOR_TOKENS of them at most): a next turn
+    """A request that finished normally leaves its index behind (tuning.donor_tokens of them at most): a next turn
     that begins with its whole sequence adopts it, in its namespace only; an aborted one leaves none, and a
     flush forgets them."""
     from radixlm.runtime.config import SpeculativeConfig
     from radixlm.runtime.messages import FinishReason
     from radixlm.runtime.speculative import ngram_proposer as P
 
-    turn = [int(t) for t in torch.randint(0, 300, (P.ADOPT_MIN + 50,), generator=torch.Generator().manual_seed(2))]
+    turn = [int(t) for t in torch.randint(0, 300, (T.adopt_min + 50,), generator=torch.Generator().manual_seed(2))]
     prop = P.NgramProposer(SpeculativeConfig(speculative_algorithm="NGRAM"))
     adopt, calls = NgramIndex.adopt, []
     monkeypatch.setattr(NgramIndex, "adopt", lambda self, donor, seq: calls.append(len(seq)) or adopt(self, donor, seq))
@@ -234,7 +236,7 @@ def test_a_finished_requests_index_is_a_donor_for_the_next_turn(monkeypatch):
     run("t4", turn + [7, 8, 9, 1, 2], [3], finish="abort")  # nothing kept after the flush, or from an abort
     run("t5", turn + [7, 8, 9, 1, 2], [3])
     assert len(calls) == 1 and not any(rid for rid in prop._own)
-    for i in range(P.DONOR_TOKENS // len(turn) + 2):  # the kept indexes stay within DONOR_TOKENS
+    for i in range(T.donor_tokens // len(turn) + 2):  # the kept indexes stay within tuning.donor_tokens
         run(f"f{i}", [i + 1000] + turn, [])
     prop.check_integrity(idle=True)
 
@@ -244,9 +246,10 @@ def test_propose_prefers_the_longest_match_and_uses_the_corpus_per_namespace():
     corpus.add("a", [10, 11, 12, 13, 14, 15])
     seq = [1, 2, 3, 1, 2, 7, 10, 11, 12]
     # own text: [1, 2] -> 3 (a 2-gram); the corpus has the 3-gram [10, 11, 12] -> 13, 14, 15: longer wins
-    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == ([13, 14, 15], 3, None, None)
-    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "b", 3)[:2] == ([], 0)  # another tenant's text: never
-    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == ([3, 1, 2], 2, 2, None)
+    assert propose_ngram(seq, NgramIndex(2, 4), corpus, "a", 3) == Proposal([13, 14, 15], 3)
+    other = propose_ngram(seq, NgramIndex(2, 4), corpus, "b", 3)
+    assert (other.tokens, other.match) == ([], 0)  # another tenant's text: never
+    assert propose_ngram([1, 2, 3, 1, 2], NgramIndex(2, 4), corpus, "a", 3) == Proposal([3, 1, 2], 2, 2)
 
 
 @pytest.mark.parametrize("own_min_n, min_n", [(1, 3), (3, 3), (3, 5)])
@@ -392,7 +395,7 @@ def test_short_matches_only_while_copying_and_only_from_own_text():
     assert ctl.propose([a], running=[a, other]) == [[]]  # no draft of a's accepted yet: not copying
     a.num_spec_accepted = 1  # once one is, and while its acceptance average holds, it is
     assert ctl.propose([a], running=[a, other]) == [[21, 22, 23]]
-    ctl._state["a"].acceptance = 0.2  # not copying (free text): a 1-token match is not enough
+    ctl.adaptive("a").acceptance = 0.2  # not copying (free text): a 1-token match is not enough
     assert ctl.propose([a], running=[a, other]) == [[]]
     b = _req("b", [5, 6, 7, 8])
     b.output_ids = [20]
@@ -409,7 +412,7 @@ def test_batch_cap_gives_draft_tokens_to_the_best_accepted_requests():
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
     reqs = [_req(f"r{i}", [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]) for i in range(3)]
     assert ctl.propose(reqs) == [[4, 5, 6, 7], [4, 5], []]  # equal acceptance: batch order
-    ctl._state["r2"].acceptance = 0.9
+    ctl.adaptive("r2").acceptance = 0.9
     assert ctl.propose(reqs) == [[4, 5], [], [4, 5, 6, 7]]
     with pytest.raises(ValueError):
         SpeculativeConfig(speculative_max_batch_draft_tokens=0)
@@ -417,18 +420,18 @@ def test_batch_cap_gives_draft_tokens_to_the_best_accepted_requests():
 
 def test_large_batch_needs_a_longer_match_unless_copying():
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import LARGE_BATCH, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
     from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
     ctl.cost_aware = False  # the match-length rule alone (the cost gate: test_speculative_cost.py)
-    three = [_req(f"t{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(LARGE_BATCH)]  # a 3-gram repeat
+    three = [_req(f"t{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(T.large_batch)]  # a 3-gram repeat
     assert ctl.propose(three[:1]) == [[9, 8]]
     for r in three:
         ctl._state.setdefault(r.rid, AdaptiveState(k=2)).acceptance = 0.3  # not copying
     assert ctl.propose(three[:1]) == [[9, 8]]  # a small batch: min_match (3)
-    assert ctl.propose(three) == [[]] * LARGE_BATCH  # a large one: 5
+    assert ctl.propose(three) == [[]] * T.large_batch  # a large one: 5
     four = _req("f", [1, 2, 3, 4, 9, 8, 1, 2, 3, 4])
     ctl._state["f"] = AdaptiveState(k=2, acceptance=0.3)
     assert ctl.propose(three[1:] + [four])[-1] == []
@@ -436,9 +439,9 @@ def test_large_batch_needs_a_longer_match_unless_copying():
     ctl._state["v"] = AdaptiveState(k=2, acceptance=0.3)
     assert ctl.propose(three[1:] + [five])[-1] == [9, 8]
     for r in three:
-        ctl._state[r.rid].acceptance = 0.9  # copying: short matches again, whatever the batch
+        ctl.adaptive(r.rid).acceptance = 0.9  # copying: short matches again, whatever the batch
         r.num_spec_accepted = 1
-    assert ctl.propose(three) == [[9, 8]] * LARGE_BATCH
+    assert ctl.propose(three) == [[9, 8]] * T.large_batch
 
 
 def test_a_missed_draft_ends_copying_for_the_next_one_at_a_large_batch():
@@ -446,46 +449,46 @@ def test_a_missed_draft_ends_copying_for_the_next_one_at_a_large_batch():
     length for its next draft in a large step, however high its acceptance average; a hit makes it copying
     again, and a small step keeps the short matches."""
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import LARGE_BATCH, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
     from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
     ctl.cost_aware = False  # the copying rule alone
-    reqs = [_req(f"m{i}", [5, 6, 20, 21, 22, 7, 20]) for i in range(LARGE_BATCH)]  # the 1-gram [20] repeats
+    reqs = [_req(f"m{i}", [5, 6, 20, 21, 22, 7, 20]) for i in range(T.large_batch)]  # the 1-gram [20] repeats
     for r in reqs:
         ctl._state[r.rid] = AdaptiveState(k=2, acceptance=0.9)
         r.num_spec_accepted = 1
-    assert ctl.propose(reqs) == [[21, 22]] * LARGE_BATCH  # copying: a 1-token match is enough
+    assert ctl.propose(reqs) == [[21, 22]] * T.large_batch  # copying: a 1-token match is enough
     for r in reqs:
-        ctl._state[r.rid].update(2, 0, max_k=2, min_acceptance=0.25)  # a miss; the average stays high
-        assert ctl._state[r.rid].acceptance >= 0.35
-    assert ctl.propose(reqs) == [[]] * LARGE_BATCH
+        ctl.adaptive(r.rid).update(2, 0, max_k=2, min_acceptance=0.25)  # a miss; the average stays high
+        assert ctl.adaptive(r.rid).acceptance >= 0.35
+    assert ctl.propose(reqs) == [[]] * T.large_batch
     assert ctl.propose(reqs[:1]) == [[21, 22]]  # a small step: copying still
     for r in reqs:
-        ctl._state[r.rid].update(2, 1, max_k=2, min_acceptance=0.25)  # a token of the next draft accepted
-    assert ctl.propose(reqs) == [[21, 22]] * LARGE_BATCH
+        ctl.adaptive(r.rid).update(2, 1, max_k=2, min_acceptance=0.25)  # a token of the next draft accepted
+    assert ctl.propose(reqs) == [[21, 22]] * T.large_batch
 
 
 def test_a_request_that_copied_before_keeps_its_own_min_match_at_a_large_batch():
     """A large step asks a request that is not copying for a match 2 tokens longer, unless it has had drafts
     accepted before: then its own text (not others') at speculative_ngram_min_match is proposed."""
     from radixlm.runtime.config import SpeculativeConfig
-    from radixlm.runtime.speculative.controller import LARGE_BATCH, SpecController
+    from radixlm.runtime.speculative.controller import SpecController
     from radixlm.runtime.speculative.ngram_proposer import NgramProposer
 
     config = SpeculativeConfig(speculative_algorithm="NGRAM", speculative_num_draft_tokens=2)
     ctl = SpecController(config, NgramProposer(config), context_len=1024)
     ctl.cost_aware = False  # the match-length rule alone
-    reqs = [_req(f"c{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(LARGE_BATCH)]  # a 3-gram repeat
+    reqs = [_req(f"c{i}", [1, 2, 3, 9, 8, 7, 1, 2, 3]) for i in range(T.large_batch)]  # a 3-gram repeat
     lone = _req("z", [4, 5, 1, 2, 3])  # [1, 2, 3] only in the others' text
     for r in reqs + [lone]:
         ctl._state[r.rid] = AdaptiveState(k=2, acceptance=0.9)
-        ctl._state[r.rid].update(2, 0, max_k=2, min_acceptance=0.25)  # a miss: not copying in a large step
-    assert ctl.propose(reqs) == [[]] * LARGE_BATCH  # no draft accepted yet: 5 tokens asked
+        ctl.adaptive(r.rid).update(2, 0, max_k=2, min_acceptance=0.25)  # a miss: not copying in a large step
+    assert ctl.propose(reqs) == [[]] * T.large_batch  # no draft accepted yet: 5 tokens asked
     for r in reqs + [lone]:
         r.num_spec_accepted = 1
-    assert ctl.propose(reqs) == [[9, 8]] * LARGE_BATCH  # copied before: its own text at 3
+    assert ctl.propose(reqs) == [[9, 8]] * T.large_batch  # copied before: its own text at 3
     assert ctl.propose(reqs[1:] + [lone])[-1] == []  # the others' text still needs 5
 
 
@@ -550,7 +553,7 @@ def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
     assert ctl.propose([req]) == [[2, 5, 6]]  # the text 'Alice' continues ' Johnson. x'
     req.output_ids += [8]  # ... and the model wrote 'J' + 'ohnson' (another split of the same text)
     assert ctl.propose([req]) == [[9, 5, 6]]
-    ctl._state["a"].acceptance = 0.2  # not copying: no short (1-token or text) lookups
+    ctl.adaptive("a").acceptance = 0.2  # not copying: no short (1-token or text) lookups
     assert ctl.propose([req]) == [[]]
     plain = SpecController(config, NgramProposer(config), context_len=1024)  # no tokenizer: tokens only
     assert plain.propose([req]) == [[]]
@@ -562,8 +565,7 @@ def test_text_lookup_continues_a_copy_that_is_tokenized_differently():
 
 def _kept(proposals):
     """The first proposal's tokens that a step pricing each draft token keeps (its fourth field)."""
-    tokens, _, _, keep = proposals[0]
-    return tokens[:keep]
+    return proposals[0].tokens[: proposals[0].keep]
 
 
 def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
@@ -575,19 +577,19 @@ def test_own_text_drafts_are_capped_at_a_large_batch_until_they_are_accepted():
     # [1..5] repeats (a match long enough for a large batch): the own text continues 6..11
     req = _req("a", list(range(1, 13)) + [1, 2, 3, 4, 5])
     whole = [6, 7, 8, 9, 10, 11]
-    assert C.OWN_PRIOR < C.OWN_WEAK_ACCEPTANCE  # no record yet: capped (own text is often a different format)
-    assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole[: C.OWN_WEAK_MAX_DRAFT]
-    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == whole  # what a padded step verifies
-    assert prop.propose([req], [6], [False], large_batch=False)[0] == (whole, 5, None, 6)  # a small batch: no cap
+    assert T.own_prior < T.own_weak_acceptance  # no record yet: capped (own text is often a different format)
+    assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole[: T.own_weak_max_draft]
+    assert prop.propose([req], [6], [False], large_batch=True)[0].tokens == whole  # what a padded step verifies
+    assert prop.propose([req], [6], [False], large_batch=False)[0] == Draft(whole, 5, None, 6)  # a small batch: no cap
     prop.propose([req], [6], [False], large_batch=True)
     prop.on_verified(req, 2, 2)  # accepted whole: above the bar
     assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole
     for _ in range(2):  # two drafts rejected: the average falls below the bar again
         prop.propose([req], [6], [False], large_batch=True)
         prop.on_verified(req, 6, 0)
-    assert prop.propose([req], [6], [False], large_batch=True)[0][0] == []  # and the copy ended at 6 twice
+    assert prop.propose([req], [6], [False], large_batch=True)[0].tokens == []  # and the copy ended at 6 twice
     del prop._breaks["a"]  # forget where (test_speculative_copy_breaks.py): the cap alone
-    assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole[: C.OWN_WEAK_MAX_DRAFT]
+    assert _kept(prop.propose([req], [6], [False], large_batch=True)) == whole[: T.own_weak_max_draft]
     prop.on_finish(req)
     prop.check_integrity(idle=True)
 
@@ -616,11 +618,12 @@ def test_own_text_drafts_stop_where_the_text_is_ambiguous_at_a_large_batch():
     shot = [20, 21, 6, 7, 8, 40, 41, 30, 31, 32, 6, 7, 8, 50, 51]
     record = [20, 21, 5, 7, 8, 40, 41, 42]
     req = _req("a", shot + record + [30, 31, 32, 5, 7, 8])
-    tokens, match, _, keep = prop.propose([req], [6], [True], large_batch=True)[0]
-    whole = prop.propose([req], [6], [True], large_batch=False)[0][0]
+    draft = prop.propose([req], [6], [True], large_batch=True)[0]
+    tokens, match, keep = draft.tokens, draft.match, draft.keep
+    whole = prop.propose([req], [6], [True], large_batch=False)[0].tokens
     assert whole[:3] == [40, 41, 42] and match == 3  # a small batch: the record's text, after [5, 7, 8]
     # The context [7, 8] went on [50, ...] in the few-shot answer: the draft stops there (at once), but
-    # keeps OWN_AGREE_MIN tokens; the whole draft is what a padded verify step verifies
-    assert keep == C.OWN_AGREE_MIN and tokens == whole
+    # keeps tuning.own_agree_min tokens; the whole draft is what a padded verify step verifies
+    assert keep == T.own_agree_min and tokens == whole
     prop.on_finish(req)
     prop.check_integrity(idle=True)

@@ -1,14 +1,15 @@
 """Where a request's copies of its own text end: learned from the copies inside its prompt and from its drafts.
 
-Runs in the scheduler process. A JSON answer copies values from a record, and the record goes on past each
-value ('+1-555-0109' + '. Account: ...') where the answer closes it ('",'): an own-text draft that runs past
-the value's end is rejected from there on. The prompt usually shows the same change of format already (a
-few-shot record and its answer), and each own-text draft verified shows it again. So each request keeps, per
-source signature, how many copies ended there and how many went on, and its own-text drafts stop before
-the first source token whose signature ended more copies than it continued.
+Runs in the scheduler process. A JSON answer copies values from a record, and the record goes on
+past each value ('+1-555-0109' + '. Account: ...') where the answer closes it ('",'): an own-text
+draft that runs past the value's end is rejected from there on. The prompt usually shows the same
+change of format already (a few-shot record and its answer), and each own-text draft verified shows
+it again. So each request keeps, per source signature, how many copies ended there and how many went
+on, and its own-text drafts stop before the first source token whose signature ended more copies
+than it continued.
 
-A signature is a source token and whether the token after it starts with whitespace: the '.' ending a
-record's sentence ('.', ' Account') ends copies, the '.' inside 'example.com' does not. Without a
+A signature is a source token and whether the token after it starts with whitespace: the '.' ending
+a record's sentence ('.', ' Account') ends copies, the '.' inside 'example.com' does not. Without a
 tokenizer's text the next token itself stands in for its first character.
 """
 
@@ -17,10 +18,7 @@ from __future__ import annotations
 from typing import Hashable, Sequence
 
 from radixlm.runtime.speculative.text_lookup import TokenText
-
-# A copy inside the prompt is an earlier occurrence of at least this many tokens: shorter repeats are
-# mostly chance (a phrase, a JSON key), and where they end teaches nothing about a copy's end.
-PROMPT_COPY_MIN = 6
+from radixlm.runtime.speculative.tuning import TUNING as T
 
 
 class Signatures:
@@ -48,7 +46,7 @@ class CopyBreaks:
         counts = self._tally.setdefault(self.sig(seq, i), [0, 0])
         counts[0 if ended else 1] += 1
 
-    def learn_prompt(self, prompt: Sequence[int], min_copy: int = PROMPT_COPY_MIN) -> None:
+    def learn_prompt(self, prompt: Sequence[int], min_copy: int = T.prompt_copy_min) -> None:
         """Tally the copies inside the prompt: each later occurrence of min_copy+ tokens, followed while it
         equals its first occurrence (the source), ends where they part."""
         first: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its first occurrence

@@ -1,15 +1,16 @@
 """STANDALONE speculation: a smaller model with the same tokenizer proposes k tokens autoregressively.
 
-Runs in the scheduler process. The draft has its own ModelRunner, KV pool, request table and radix cache
-(a KVCacheManager of its own), so it shares nothing with the target's slots. Each target request has a
-shadow Req in the draft's pool; per step the shadows of the requests to draft for run up to k batched
-draft forwards (the first catches the shadow up with the target's sequence, each later one decodes the
-previous draft token). For a greedy request the proposal is the draft's argmax (a point mass); for a
-sampled one the draft samples from its own distribution q at the request's temperature / top-k / top-p /
-min-p, and verification does rejection sampling against q (verify.py), so both stay exact. Rollback: the
-next proposal compares the token ids the shadow's K/V were computed for with the target's sequence and
-truncates the shadow to their common prefix, so rejected drafts' draft K/V are freed and accepted ones
-are kept. A finished request's shadow goes into the draft's radix tree.
+Runs in the scheduler process. The draft has its own ModelRunner, KV pool, request table and radix
+cache (a KVCacheManager of its own), so it shares nothing with the target's slots. Each target
+request has a shadow Req in the draft's pool; per step the shadows of the requests to draft for run
+up to k batched draft forwards (the first catches the shadow up with the target's sequence, each
+later one decodes the previous draft token). For a greedy request the proposal is the draft's argmax
+(a point mass); for a sampled one the draft samples from its own distribution q at the request's
+temperature / top-k / top-p / min-p, and verification does rejection sampling against q (verify.py),
+so both stay exact. Rollback: the next proposal compares the token ids the shadow's K/V were
+computed for with the target's sequence and truncates the shadow to their common prefix, so rejected
+drafts' draft K/V are freed and accepted ones are kept. A finished request's shadow goes into the
+draft's radix tree.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from radixlm.runtime.scheduler.batch import build_forward_batch
 from radixlm.runtime.scheduler.kv_cache import KVCacheManager
 from radixlm.runtime.scheduler.memory_pool import ReqToTokenTable, TokenAllocator
 from radixlm.runtime.scheduler.request import Req
+from radixlm.runtime.speculative.drafts import Draft
 from radixlm.runtime.speculative.verify import draft_probs, sample_draft
 
 logger = logging.getLogger(__name__)
@@ -61,32 +63,45 @@ class DraftModelProposer:
 
     # ---- proposals --------------------------------------------------------------------------------
     def propose(self, reqs: list[Req], ks: list[int], copying: list[bool] | None = None, large_batch: bool = False
-                ) -> list[tuple[list[int], int, torch.Tensor | None, int]]:
+                ) -> list[Draft]:
         drafts: list[list[int]] = [[] for _ in reqs]
         qs: list[list[torch.Tensor]] = [[] for _ in reqs]
         live = [i for i, req in enumerate(reqs) if self._sync(req)]
         for step in range(max(ks, default=0)):
             live = [i for i in live if len(drafts[i]) < ks[i]]
-            rows = self._rows(reqs, live, drafts, step)
-            live = [i for i, row in zip(live, rows) if row is not None]
-            rows = [row for row in rows if row is not None]
-            if not rows:
+            live = self._draft_step(reqs, live, drafts, qs, step)
+            if not live:
                 break
-            batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
-            last = torch.tensor([batch.token_index(j, row.end - 1) for j, row in enumerate(rows)])
-            logits = self.runner.forward(batch, last)[:, : self.vocab].float()
-            for j, (i, tok) in enumerate(zip(live, argmax_rows(logits).tolist())):
-                params = reqs[i].params
-                if not params.is_greedy:  # sample from q (verify.py's rejection sampling needs q)
-                    qs[i].append(draft_probs(logits[j], params))
-                    tok = sample_draft(qs[i][-1], reqs[i].generator)
-                drafts[i].append(int(tok))
-        for i, req in enumerate(reqs):
+        self._rewind(reqs)
+        return [Draft(draft, 0, torch.stack(q) if q else None, len(draft)) for draft, q in zip(drafts, qs)]
+
+    def _draft_step(self, reqs: list[Req], live: list[int], drafts: list[list[int]], qs: list[list[torch.Tensor]],
+                    step: int) -> list[int]:
+        """One batched draft forward for the requests live (indexes into reqs) that have room in the draft's
+        pool: each gets one more draft token (and, sampled, the distribution it came from). Returns them."""
+        rows = self._rows(reqs, live, drafts, step)
+        live = [i for i, row in zip(live, rows) if row is not None]
+        rows = [row for row in rows if row is not None]
+        if not rows:
+            return []
+        batch = build_forward_batch(rows, self.kv.table, self.runner.sm_scale, self.runner.device)
+        last = torch.tensor([batch.token_index(j, row.end - 1) for j, row in enumerate(rows)])
+        logits = self.runner.forward(batch, last)[:, : self.vocab].float()
+        for j, (i, tok) in enumerate(zip(live, argmax_rows(logits).tolist())):
+            params = reqs[i].params
+            if not params.is_greedy:  # sample from q (verify.py's rejection sampling needs q)
+                qs[i].append(draft_probs(logits[j], params))
+                tok = sample_draft(qs[i][-1], reqs[i].generator)
+            drafts[i].append(int(tok))
+        return live
+
+    def _rewind(self, reqs: list[Req]) -> None:
+        """The shadows' sequences back to their targets' (the drafts are not part of the sequence)."""
+        for req in reqs:
             shadow = self._shadows.get(req.rid)
             if shadow is not None:
                 shadow.kv_ids = shadow.req.full_ids()[: shadow.req.kv_len]
-                shadow.req.output_ids = req.output_ids[:]  # the drafts are not part of the sequence
-        return [(draft, 0, torch.stack(q) if q else None, len(draft)) for draft, q in zip(drafts, qs)]
+                shadow.req.output_ids = req.output_ids[:]
 
     def _rows(self, reqs: list[Req], live: list[int], drafts: list[list[int]], step: int) -> list[PlannedRow | None]:
         rows: list[PlannedRow | None] = []

@@ -1,19 +1,20 @@
 """Follow a copy into another request's text: where a request's draft from another running request's tokens
 was accepted, its next draft continues from there.
 
-Runs in the scheduler process (NgramProposer). An n-gram lookup sees at most speculative_ngram_max_match
-tokens of context, and the live table keeps the last request that wrote each n-gram: right after a copied
-stretch, the same short suffix ('", "phone": "+1-5') continues differently in the request's own prompt
-(its record, tokenized otherwise), in the few-shot answer and in every other request's answer, and the
-lookup picks one of those. The request that was copying one of them has a far longer match where it was
-copying: the source it followed, whose tokens still agree with everything it has written since. So a
-cursor (the source's tokens, the position there that matches the request's position) is kept per
-request, moved by what is accepted, and dropped as soon as the request writes a token the source does not
-have (a value of its own, a departure). After a departure the source is searched a little further on for
-the request's last RESYNC_MATCH tokens: a JSON answer that wrote one value its own way ('"email": "jemel'
-for 'emeka') rejoins the source after it ('.4@example.com", "city": ...'). Only other requests' text: the
-request's own text has its own cursors (ngram.NgramIndex.lookup). The source's tokens are the list indexed
-when the draft was proposed (a snapshot, which outlives the source request's end); a tenant's cursor only
+Runs in the scheduler process (NgramProposer). An n-gram lookup sees at most
+speculative_ngram_max_match tokens of context, and the live table keeps the last request that wrote
+each n-gram: right after a copied stretch, the same short suffix ('", "phone": "+1-5') continues
+differently in the request's own prompt (its record, tokenized otherwise), in the few-shot answer
+and in every other request's answer, and the lookup picks one of those. The request that was copying
+one of them has a far longer match where it was copying: the source it followed, whose tokens still
+agree with everything it has written since. So a cursor (the source's tokens, the position there
+that matches the request's position) is kept per request, moved by what is accepted, and dropped as
+soon as the request writes a token the source does not have (a value of its own, a departure). After
+a departure the source is searched a little further on for the request's last tuning.resync_match
+tokens: a JSON answer that wrote one value its own way ('"email": "jemel' for 'emeka') rejoins the
+source after it ('.4@example.com", "city": ...'). Only other requests' text: the request's own text
+has its own cursors (ngram.NgramIndex.lookup). The source's tokens are the list indexed when the
+draft was proposed (a snapshot, which outlives the source request's end); a tenant's cursor only
 ever points into its own namespace's text (LiveNgrams is per tenant).
 """
 
@@ -22,15 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.runtime.speculative.ngram import Proposal
-
-# How far back the agreement between a request and the source it follows is counted: a match this long
-# already wins over any n-gram table's (at most speculative_ngram_max_match tokens).
-MAX_AGREEMENT = 64
-# After a departure, the source's next RESYNC_WINDOW tokens (from where the request left it) are searched
-# for the request's last RESYNC_MATCH tokens, for as long as the request has written at most
-# RESYNC_WINDOW tokens since.
-RESYNC_MATCH = 2
-RESYNC_WINDOW = 24
+from radixlm.runtime.speculative.tuning import TUNING as T
 
 
 @dataclass
@@ -42,7 +35,7 @@ class Cursor:
 
 class Follow:
     """Per request: the cursor it follows, this step's draft from another request's text, and where it
-    left the source it followed (kept for a resync until it has written RESYNC_WINDOW more tokens)."""
+    left the source it followed (kept for a resync until it has written tuning.resync_window more tokens)."""
 
     def __init__(self) -> None:
         self._cursors: dict[str, Cursor] = {}
@@ -66,22 +59,24 @@ class Follow:
             if cur is None:
                 return Proposal([], 0)
             start = cur.pos
-        match = 0
-        while match < min(start, len(seq), MAX_AGREEMENT) and cur.tokens[start - 1 - match] == seq[-1 - match]:
+        match, most = 0, min(start, len(seq), T.follow_max_agreement)
+        while match < most and cur.tokens[start - 1 - match] == seq[-1 - match]:
             match += 1
         return Proposal(cur.tokens[start : start + k], match, None, (cur.tokens, start))
 
     def _resync(self, rid: str, seq: list[int]) -> Cursor | None:
-        """A cursor where the source rid left goes on with rid's last RESYNC_MATCH tokens, if it does soon."""
+        """A cursor where the source rid left goes on with rid's last resync_match tokens, if it does soon (within
+        resync_window tokens, for as long as rid has written at most that many since leaving it)."""
         lost = self._lost.get(rid)
         if lost is None:
             return None
-        if len(seq) - lost.at > RESYNC_WINDOW + RESYNC_MATCH:
+        if len(seq) - lost.at > T.resync_window + T.resync_match:
             del self._lost[rid]
             return None
-        tail, tokens = seq[-RESYNC_MATCH:], lost.tokens
-        for end in range(lost.pos + RESYNC_MATCH, min(len(tokens), lost.pos + RESYNC_WINDOW + RESYNC_MATCH)):
-            if tokens[end - RESYNC_MATCH : end] == tail:
+        match, window = T.resync_match, T.resync_window
+        tail, tokens = seq[-match:], lost.tokens
+        for end in range(lost.pos + match, min(len(tokens), lost.pos + window + match)):
+            if tokens[end - match : end] == tail:
                 del self._lost[rid]
                 cur = self._cursors[rid] = Cursor(tokens, end, len(seq))
                 return cur

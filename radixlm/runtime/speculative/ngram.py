@@ -1,41 +1,44 @@
 """N-gram proposals (prompt lookup): continue the longest suffix of a sequence that occurred before.
 
 Runs in the scheduler process. Three sources, longest match first (at equal length in this order):
-  - NgramIndex: the request's own tokens (prompt + output), indexed incrementally (each new token adds
-    one entry per n-gram length; a prompt that begins as another running request's does starts from a
-    copy of its index, adopt), so a lookup is a few dict probes and a scan of the few tokens added
-    since the last observe (TAIL_SCAN_MAX), never a scan of the sequence;
-  - LiveNgrams: the tokens of the other requests running now in the same namespace (their prompts, e.g.
-    a few-shot prefix shared by a batch, and what they have generated so far). Each request's NgramIndex
-    writes its new n-grams here as it grows (no second pass over the tokens), and a request's entries
-    leave when it does, so this table is bounded by the running requests' tokens (the KV pool);
-  - NgramCorpus: every sequence the scheduler has put into the radix cache (finished requests' prompt +
-    output), per namespace, so a request can continue text another request produced (few-shot examples,
-    a JSON layout, a previous answer); bounded, the least recently seen n-grams evicted first.
+  - NgramIndex: the request's own tokens (prompt + output), indexed incrementally (each new token
+    adds one entry per n-gram length; a prompt that begins as another running request's does starts
+    from a copy of its index, adopt), so a lookup is a few dict probes and a scan of the few tokens
+    added since the last observe (tuning.tail_scan_max), never a scan of the sequence;
+  - LiveNgrams: the tokens of the other requests running now in the same namespace (their prompts,
+    e.g. a few-shot prefix shared by a batch, and what they have generated so far). Each request's
+    NgramIndex writes its new n-grams here as it grows (no second pass over the tokens), and a
+    request's entries leave when it does, so this table is bounded by the running requests' tokens
+    (the KV pool);
+  - NgramCorpus: every sequence the scheduler has put into the radix cache (finished requests'
+    prompt + output), per namespace, so a request can continue text another request produced
+    (few-shot examples, a JSON layout, a previous answer); bounded, the least recently seen n-grams
+    evicted first.
 A tenant's text is never proposed to another tenant (both shared tables are per namespace).
 Proposals are only guesses: verification keeps exactly what the target model would have produced.
+
+A request copying from its own text keeps cursors: the positions right after the source tokens its
+last accepted drafts came from. Of a suffix's occurrences, the first at or after a cursor (within
+tuning.cursor_window tokens) is proposed rather than the latest: a JSON answer copies keys from a
+few-shot example and values from a record, each in order, and the latest occurrence of '", "' is the
+answer's own previous field. A lookup reads the tables, which hold what the last observe() indexed
+(the scheduler calls it after each launch, where a GPU hides its time), and scans the few tokens
+added since (a step's accepted tokens) for the suffix instead of indexing them first: on a GPU the
+proposal runs while the device waits.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
-from typing import NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
-# A request copying from its own text keeps cursors: the positions right after the source tokens its last
-# accepted drafts came from. Of a suffix's occurrences, the first at or after a cursor (within this many
-# tokens) is proposed rather than the latest: a JSON answer copies keys from a few-shot example and values
-# from a record, each in order, and the latest occurrence of '", "' is the answer's own previous field.
-CURSOR_WINDOW = 64
-# A lookup reads the tables, which hold what the last observe() indexed (the scheduler calls it after each
-# launch, where a GPU hides its time), and scans the tokens added since then (a step's accepted tokens) for
-# the suffix instead of indexing them first: indexing them was a third of a proposal's host time, and on a
-# GPU the proposal runs while the device waits (docs/benchmarks.md, session 38). A longer unindexed tail (a
-# request never observed) is indexed first.
-TAIL_SCAN_MAX = 32
+from radixlm.runtime.speculative.tuning import TUNING as T
 
 
-class Proposal(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Proposal:
     tokens: list[int]
     match: int  # length of the suffix matched (0: no proposal)
     source: int | None = None  # where tokens start in the request's own sequence (None: another source)
@@ -91,10 +94,8 @@ class NgramIndex:
 
     def _update(self, seq: list[int]) -> None:
         # The n-gram ending at the last position is the suffix being looked up: index up to len - 1. Each
-        # position's n-grams are slices of one tuple of its longest: this runs for every running request
-        # every step, and building each n-gram from the list was most of the controller's time.
-        # (json at 16 rows indexes ~56 tokens a row a step, longer than the GPU's step: one dict probe per
-        # n-gram, not two, and one shared entry per position, docs/benchmarks.md session 38.)
+        # position's n-grams are slices of one tuple of its longest, with one dict probe per n-gram and one
+        # shared entry per position: this runs for every running request every step.
         self.tokens = seq
         shared, lo, hi, shared_lo, owned = self.shared, self.min_n, self.max_n, self.shared_min_n, self._owned
         tables = [(n, self._ends[n]) for n in range(lo, hi + 1)]
@@ -146,19 +147,7 @@ class NgramIndex:
         donor._owned, self._owned = set(), set()  # their lists are both indexes' from here on
         for n, table in donor._ends.items():
             mine = self._ends[n] = dict(table)
-            for end in range(max(upto, n), donor._indexed):  # donor's own text past the common prefix
-                key = tuple(tokens[end - n : end])
-                ends = mine.get(key)
-                if ends is None:
-                    continue
-                kept = [e for e in ((ends,) if ends.__class__ is int else ends) if e < upto]
-                if not kept:
-                    del mine[key]
-                elif len(kept) == 1:
-                    mine[key] = kept[0]
-                else:
-                    mine[key] = kept
-                    self._owned.add(id(kept))  # a list of this index's own
+            self._drop_ends_past(mine, tokens, n, upto, donor._indexed)
             if self.shared is not None and n >= self.shared_min_n:
                 self.shared.update({key: entries[ends if ends.__class__ is int else ends[-1]]
                                     for key, ends in mine.items()})
@@ -166,11 +155,28 @@ class NgramIndex:
         self.tokens = seq
         return upto
 
+    def _drop_ends_past(self, mine: dict, tokens: list[int], n: int, upto: int, indexed: int) -> None:
+        """Take the n-grams of tokens[upto:indexed] (a donor's own text past the common prefix) back out of
+        mine, the copy of the donor's n-table: their ends at upto or later go."""
+        for end in range(max(upto, n), indexed):
+            key = tuple(tokens[end - n : end])
+            ends = mine.get(key)
+            if ends is None:
+                continue
+            kept = [e for e in ((ends,) if ends.__class__ is int else ends) if e < upto]
+            if not kept:
+                del mine[key]
+            elif len(kept) == 1:
+                mine[key] = kept[0]
+            else:
+                mine[key] = kept
+                self._owned.add(id(kept))  # a list of this index's own
+
     def occurrences(self, seq: list[int], n: int) -> Sequence[int]:
         """The positions right after each earlier occurrence of seq's last n tokens (one ending before
         seq's last token), ascending: the indexed ones, then those in the tail not indexed yet. Read only:
         without a match in the tail it is the table's own list (a common token's runs to hundreds)."""
-        if len(seq) - self._indexed > TAIL_SCAN_MAX:
+        if len(seq) - self._indexed > T.tail_scan_max:
             self._update(seq)
         if not self.min_n <= n <= self.max_n or n > len(seq):
             return ()
@@ -194,7 +200,7 @@ class NgramIndex:
         ends = self.occurrences(seq, n)
         if not ends:
             return None
-        spans = [(c, c + CURSOR_WINDOW) for c in cursors]
+        spans = [(c, c + T.cursor_window) for c in cursors]
         return (nearest_after(ends, spans) if spans else None) or ends[-1]
 
     def agreed(self, seq: list[int], draft: Sequence[int], source: int, n: int) -> int:

@@ -1,9 +1,33 @@
 """NgramProposer: NGRAM drafts for SpecController, from the request's own text, the other running requests'
-text, the corpus of finished ones, and a character-level lookup for copies that tokenize differently.
+text, the corpus of finished ones, and a character-level lookup for copies that tokenize
+differently.
 
 Runs in the scheduler process. The tables are in ngram.py (NgramIndex, LiveNgrams, NgramCorpus), the
-character lookup in text_lookup.py, where copies end in copy_breaks.py and the cursor into another request's
-text in follow.py; this class decides which of them proposes, and how much of a draft is kept.
+character lookup in text_lookup.py, where copies end in copy_breaks.py and the cursor into another
+request's text in follow.py; this class decides which of them proposes, and how much of a draft is
+kept.
+
+Why its rules (their numbers are in tuning.py):
+  - A copying request accepts a 1-token match in its own tokens (right after a copied value starts
+    only its last token matches the source) and, where its token suffix occurs nowhere earlier, a
+    lookup of its last characters (a copied value that starts after a quote is tokenized
+    differently). A request that is not copying needs a longer match in a large step, where short
+    matches' verify tokens cost compute; not in its own text once it has had drafts accepted (a JSON
+    row that invented part of a value copies its record again a little later).
+  - Own-text drafts (a record's value, a function's lines) are accepted far less often than drafts
+    from another request's text or the corpus: a copied value ends where its source goes on, and a
+    short character match is often the wrong occurrence. In a large step, where a draft token costs
+    about half of what an accepted one saves, a request whose own-text acceptance average is below
+    own_weak_acceptance keeps at most own_weak_max_draft of them (Draft.keep; a PADDED step verifies
+    them whole); a request starts just below that bar, so one draft accepted whole lifts the cap.
+    Its draft also stops where other earlier occurrences of its last own_agree_context tokens
+    continue otherwise (the text is ambiguous there): only in large steps, since at one row the
+    tokens cut are those a lucky guess would have had accepted. At any batch, own-text drafts stop
+    where its copies have ended more often than gone on (copy_breaks.py).
+  - A new request whose first adopt_min+ tokens a running (or recently finished) request's index
+    holds (a batch's shared system prompt, a conversation's next turn) starts from a copy of that
+    index (NgramIndex.adopt): indexing a long cached prompt token by token would hold up a short
+    prefill step.
 """
 
 from __future__ import annotations
@@ -13,58 +37,12 @@ from collections import OrderedDict
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.copy_breaks import CopyBreaks, Signatures
+from radixlm.runtime.speculative.drafts import Draft
 from radixlm.runtime.speculative.follow import Follow
 from radixlm.runtime.speculative.ngram import (LiveNgrams, NgramCorpus, NgramIndex, Proposal, common_prefix,
                                                propose_ngram)
 from radixlm.runtime.speculative.text_lookup import TextIndex, TokenText
-
-# A copying request (controller.COPYING_ACCEPTANCE) accepts a suffix match this short in its own tokens.
-COPYING_MIN_MATCH = 1
-# A request that is not copying, in a step of controller.LARGE_BATCH+ rows, needs a match this much longer
-# than speculative_ngram_min_match (the reasons are at controller.LARGE_BATCH).
-LARGE_BATCH_EXTRA_MATCH = 2
-# A copying request whose token suffix occurs nowhere earlier looks up its last characters instead (at
-# least this many; text_lookup.py): a copied value that starts after a quote is tokenized differently.
-TEXT_MIN_CHARS = 1
-# A copying request's drafts from its own text (a record's value, a function's lines) can be accepted far
-# less often than those continuing another request's text or the corpus: a copied value ends where its
-# source goes on ('hana.7@example.com' + '. City: ...' in a record, '",' in the JSON answer), and a text
-# lookup's short character match is often the wrong occurrence (json at 16 rows, docs/benchmarks.md
-# session 30). In a step with controller.LARGE_BATCH+ rows, where a draft token costs about half of what an accepted
-# one saves, a request whose own-text drafts' acceptance average (OWN_EMA_WEIGHT) is below OWN_WEAK_ACCEPTANCE
-# keeps at most OWN_WEAK_MAX_DRAFT of them (a proposal's fourth field; the controller verifies the whole
-# draft where a CUDA graph pads the verify rows anyway: controller.PADDED). A request starts just below the bar
-# (OWN_PRIOR, near the 36% measured for json's own-text drafts): its first own-text draft in such a step is
-# capped, one accepted whole lifts the cap (0.3 + 0.7 * 0.45 > 0.5), and rejected ones keep it (replayed at
-# 16 rows: json 958 -> 922 draft tokens, code 1532 -> 1500, as many accepted; chat 684 -> 700; session 31).
-# ... and where the other earlier occurrences of its last OWN_AGREE_CONTEXT tokens in its own text continue
-# otherwise, its draft stops where they part (at least OWN_AGREE_MIN tokens are kept): the text is ambiguous
-# there. The record a JSON answer copies from goes on '.com. City:' where the few-shot answer has '.com",',
-# and a few-shot record's '+1-555-0108' shares '+1-555-010' with the record's own number (json at 16 rows:
-# 922 -> 852 draft tokens, 686 -> 680 accepted, the same steps; code and chat unchanged, greedy counts;
-# docs/benchmarks.md, session 33). Only in large steps: at one row, where a draft token costs little, the
-# tokens cut are the ones a lucky guess would have had accepted (json at 1 row: 13 -> 17 steps).
-OWN_AGREE_CONTEXT = 2
-OWN_AGREE_MIN = 1
-# ... and at any batch, its own-text drafts stop where its copies have ended more often than gone on: the
-# copies inside its prompt (a few-shot record and its answer) and its verified drafts teach where
-# (copy_breaks.py; json at 16 rows: 852 -> 813 draft tokens, 680 -> 695 accepted; at 1 row 85 -> 67 draft
-# tokens, as many accepted; docs/benchmarks.md, session 34). The agreement above keeps a token; this cut
-# may leave none: the signature has ended copies, the other occurrences have only differed.
-OWN_EMA_WEIGHT = 0.3
-OWN_WEAK_ACCEPTANCE = 0.5
-OWN_WEAK_MAX_DRAFT = 2
-OWN_PRIOR = 0.45
-CURSORS = 3  # source positions of the latest accepted drafts a request keeps (ngram.CURSOR_WINDOW)
-# A new request whose first ADOPT_MIN+ tokens another running request's index already holds (a batch's
-# shared system prompt or few-shot prefix) starts from a copy of that index (NgramIndex.adopt) instead of
-# indexing them one by one: ~2 us a token, where a cached prompt's prefill step is short, so a GPU step
-# waits for it (docs/benchmarks.md, session 39).
-ADOPT_MIN = 64
-# ... or that a finished request's index holds, while that index is among the latest DONOR_TOKENS tokens of
-# finished requests kept (about 8 table entries a token): a conversation's next turn, an agent's next step
-# or a retried request begins with the whole previous sequence.
-DONOR_TOKENS = 1 << 14
+from radixlm.runtime.speculative.tuning import TUNING as T
 
 
 class NgramProposer:
@@ -72,7 +50,7 @@ class NgramProposer:
 
     def __init__(self, config: SpeculativeConfig, tokenizer=None):
         self.min_n, self.max_n = config.speculative_ngram_min_match, config.speculative_ngram_max_match
-        self.short_n = min(self.min_n, COPYING_MIN_MATCH)
+        self.short_n = min(self.min_n, T.copying_min_match)
         self.corpus = NgramCorpus(self.min_n, self.max_n, config.max_draft)
         self.live = LiveNgrams()
         self._own: dict[str, NgramIndex] = {}
@@ -83,7 +61,7 @@ class NgramProposer:
         self._signatures = Signatures(self.text_of)
         self._breaks: dict[str, CopyBreaks] = {}  # rid -> where its copies end (learned from its prompt first)
         self._own_acceptance: dict[str, float] = {}  # rid -> its own-text drafts' acceptance average
-        self.own_prior = OWN_PRIOR  # the average before a request's first own-text draft is verified
+        self.own_prior = T.own_prior  # the average before a request's first own-text draft is verified
         self.follow = Follow()  # where each request copies another running request's text (follow.py)
         self._donors: OrderedDict[int, tuple[str, NgramIndex]] = OrderedDict()  # finished indexes, oldest first
         self._donor_tokens = 0
@@ -101,14 +79,14 @@ class NgramProposer:
         return own
 
     def _donor(self, own: NgramIndex, seq: list[int], namespace: str) -> NgramIndex | None:
-        """A running request's index (same namespace) or a kept finished one that begins with ADOPT_MIN+ of
+        """A running request's index (same namespace) or a kept finished one that begins with tuning.adopt_min+ of
         seq's tokens and goes on past them for less than that (its text after the common prefix is taken
         back out one n-gram at a time); the one sharing the most, or None."""
-        best, best_len = None, ADOPT_MIN - 1
-        head = seq[:ADOPT_MIN]
+        best, best_len = None, T.adopt_min - 1
+        head = seq[: T.adopt_min]
         running = [o for o in self._own.values() if o is not own and o.append_only and o.shared is own.shared]
         for other in running + [index for ns, index in reversed(self._donors.values()) if ns == namespace]:
-            if other.tokens[:ADOPT_MIN] != head or other.tokens[: best_len + 1] != seq[: best_len + 1]:
+            if other.tokens[: T.adopt_min] != head or other.tokens[: best_len + 1] != seq[: best_len + 1]:
                 continue  # cannot share more than the best so far (one comparison, not a search)
             limit = min(len(seq), other.indexed)
             same = common_prefix(seq, other.tokens, limit)
@@ -124,15 +102,14 @@ class NgramProposer:
         index.shared = None  # finished: it writes no more (and holds no namespace's live table)
         self._donors[id(index)] = (namespace, index)
         self._donor_tokens += index.indexed
-        while self._donor_tokens > DONOR_TOKENS:
+        while self._donor_tokens > T.donor_tokens:
             _, (_, old) = self._donors.popitem(last=False)
             self._donor_tokens -= old.indexed
 
     def observe(self, reqs: list[Req]) -> None:
         """Index the new tokens, and build what a lookup may need next, where a GPU hides the work (the
         scheduler calls this after a launch): where its copies end (learned from its prompt once) and, for a
-        copying request (drafts accepted), the text of its sequence for a text lookup. Built at the lookup
-        instead, they cost ~5 ms of a code run's 77 steps before launches (docs/benchmarks.md, session 39)."""
+        copying request (drafts accepted), the text of its sequence for a text lookup."""
         for req in reqs:  # incremental: only tokens added since the last step are indexed
             seq = req.full_ids()
             self._index(req).observe(seq)
@@ -141,26 +118,25 @@ class NgramProposer:
                 self._text_index(req).observe(seq)
 
     def propose(self, reqs: list[Req], ks: list[int], copying: list[bool], large_batch: bool = False
-                ) -> list[tuple[list[int], int, None, int]]:
-        # the shortest match for a request not copying
-        weak = min(self.min_n + LARGE_BATCH_EXTRA_MATCH * large_batch, self.max_n)
+                ) -> list[Draft]:
+        weak = min(self.min_n + T.large_batch_extra_match * large_batch, self.max_n)  # for a request not copying
         self._source.clear()
         self.follow.new_step()
-        out = []
-        for req, k, copy in zip(reqs, ks, copying):
-            seq = req.full_ids()  # one copy of the prompt + output for the lookups and the cuts below
-            p = self._propose(req, seq, k, self.short_n if copy else weak, copy)
-            if not p.tokens and not copy and weak > self.min_n and req.num_spec_accepted > 0:
-                own = self._propose_one(req, seq, k, self.min_n, False)
-                p = own if own.source is not None else p
-            if p.shared is not None:
-                self.follow.drafted(req.rid, p.shared, req.seq_len())
-            tokens, keep = p.tokens, len(p.tokens)
-            if p.source is not None:
-                tokens, keep = self._own_cuts(req, seq, p.source, tokens, large_batch)
-                self._source[req.rid] = (p.source, tokens)
-            out.append((tokens, p.match, None, keep))
-        return out
+        return [self._draft(req, k, copy, weak, large_batch) for req, k, copy in zip(reqs, ks, copying)]
+
+    def _draft(self, req: Req, k: int, copy: bool, weak: int, large_batch: bool) -> Draft:
+        seq = req.full_ids()  # one copy of the prompt + output for the lookups and the cuts below
+        p = self._propose(req, seq, k, self.short_n if copy else weak, copy)
+        if not p.tokens and not copy and weak > self.min_n and req.num_spec_accepted > 0:
+            own = self._propose_one(req, seq, k, self.min_n, False)  # its own text at the usual match length
+            p = own if own.source is not None else p
+        if p.shared is not None:
+            self.follow.drafted(req.rid, p.shared, req.seq_len())
+        if p.source is None:
+            return Draft(p.tokens, p.match, None, len(p.tokens))
+        tokens, keep = self._own_cuts(req, seq, p.source, p.tokens, large_batch)
+        self._source[req.rid] = (p.source, tokens)
+        return Draft(tokens, p.match, None, keep)
 
     def _own_cuts(self, req: Req, seq: list[int], source: int, tokens: list[int], large_batch: bool
                   ) -> tuple[list[int], int]:
@@ -171,9 +147,9 @@ class NgramProposer:
             tokens = tokens[: breaks.keep(seq, source, tokens)]
             return tokens, len(tokens)
         cut = tokens
-        if self._own_acceptance.get(req.rid, self.own_prior) < OWN_WEAK_ACCEPTANCE:
-            cut = cut[:OWN_WEAK_MAX_DRAFT]
-        cut = cut[: max(self._index(req).agreed(seq, cut, source, OWN_AGREE_CONTEXT), OWN_AGREE_MIN)]
+        if self._own_acceptance.get(req.rid, self.own_prior) < T.own_weak_acceptance:
+            cut = cut[: T.own_weak_max_draft]
+        cut = cut[: max(self._index(req).agreed(seq, cut, source, T.own_agree_context), T.own_agree_min)]
         keep = breaks.keep(seq, source, cut)
         return tokens[: breaks.keep(seq, source, tokens) if len(cut) < len(tokens) else keep], keep
 
@@ -198,7 +174,7 @@ class NgramProposer:
         p = propose_ngram(seq, self._index(req), self.corpus, req.namespace, k, self.live, min_n, cursors)
         if p.tokens or not copying or self.text_of is None:
             return p
-        return self._text_index(req).propose(seq, k, TEXT_MIN_CHARS, cursors)
+        return self._text_index(req).propose(seq, k, T.text_min_chars, cursors)
 
     def _text_index(self, req: Req) -> TextIndex:
         text = self._text.get(req.rid)
@@ -215,13 +191,13 @@ class NgramProposer:
         self._breaks[req.rid].record(req.full_ids(), source, draft, proposed, accepted)
         if proposed:
             old = self._own_acceptance.get(req.rid, self.own_prior)
-            self._own_acceptance[req.rid] = (1 - OWN_EMA_WEIGHT) * old + OWN_EMA_WEIGHT * accepted / proposed
+            self._own_acceptance[req.rid] = (1 - T.own_ema_weight) * old + T.own_ema_weight * accepted / proposed
         if accepted > 0:  # the copy continues after what was accepted
             cursors = self._cursors.setdefault(req.rid, [])
             if source + accepted in cursors:
                 cursors.remove(source + accepted)
             cursors.insert(0, source + accepted)
-            del cursors[CURSORS:]
+            del cursors[T.cursors :]
 
     def on_finish(self, req: Req) -> None:
         for table in (self._text, self._cursors, self._source, self._own_acceptance, self._breaks):
@@ -246,5 +222,5 @@ class NgramProposer:
                                 or self._breaks), "text indexes / cursors / own-text state left while idle"
         assert not idle or not len(self.live), "live n-gram tables left while idle"
         assert not idle or not len(self.follow), "cursors into other requests' text left while idle"
-        assert self._donor_tokens == sum(index.indexed for _, index in self._donors.values()) <= DONOR_TOKENS
+        assert self._donor_tokens == sum(index.indexed for _, index in self._donors.values()) <= T.donor_tokens
         assert all(index.append_only and index.shared is None for _, index in self._donors.values())

@@ -1,26 +1,26 @@
 """Drafts end where the request would: no verify tokens after a stop token or a stop string.
 
-Runs in the scheduler process. A draft copied from earlier text runs on past the place where the request
-stops (a few-shot completion stopped at "\n" is proposed "\n" and the next example's first tokens, a chat
-answer its end-of-turn token and what followed it). Verification would discard those tokens anyway, but
-each costs a token's compute in the verify step (at 16 rows on a CPU, where a verify step is
-compute-bound, about half of a decode row's share of a step: docs/benchmarks.md, session 30). The cut
-keeps the draft up to and including the first token at which the request would finish (its stop token,
-or the token whose text completes a stop string), so what verification produces is unchanged: the same
-tokens are accepted up to that point and the request finishes there either way.
+Runs in the scheduler process. A draft copied from earlier text runs on past the place where the
+request stops (a few-shot completion stopped at "\n" is proposed "\n" and the next example's first
+tokens, a chat answer its end-of-turn token and what followed it). Verification would discard those
+tokens anyway, but each costs a token's compute in the verify step (where a verify step is
+compute-bound, about half of a decode row's share of a step). The cut keeps the draft up to and
+including the first token at which the request would finish (its stop token, or the token whose text
+completes a stop string), so what verification produces is unchanged: the same tokens are accepted
+up to that point and the request finishes there either way.
 
-A stop string is matched on the draft tokens' own texts (with the last few output tokens' texts before
-them, for a stop that straddles): a token split inside a multi-byte character can make that text differ
-from the detokenizer's, which at worst leaves a few tokens uncut or cuts a draft short, never changes an
-output. stop_regex is not looked at (a draft is only cut where that is cheap to know).
+A stop string is matched on the draft tokens' own texts (with the last few output tokens' texts
+before them, for a stop that straddles): a token split inside a multi-byte character can make that
+text differ from the detokenizer's, which at worst leaves a few tokens uncut or cuts a draft short,
+never changes an output. stop_regex is not looked at (a draft is only cut where that is cheap to
+know).
 """
 
 from __future__ import annotations
 
 from radixlm.runtime.scheduler.request import Req
 from radixlm.runtime.speculative.text_lookup import TokenText
-
-TAIL_TOKENS = 4  # output tokens whose text goes before the draft's (a stop string straddling the boundary)
+from radixlm.runtime.speculative.tuning import TUNING as T
 
 
 class StopCut:
@@ -51,7 +51,7 @@ class StopCut:
         if first >= len(draft):
             return None
         piece = self.text_of.piece
-        tail = "".join(piece(t) for t in req.output_ids[-TAIL_TOKENS:])
+        tail = "".join(piece(t) for t in req.output_ids[-T.stop_tail_tokens :])
         ends, text = [], tail
         for tok in draft:
             text += piece(tok)

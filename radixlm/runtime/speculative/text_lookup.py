@@ -1,12 +1,13 @@
 """Prompt lookup on the text, for copies the token n-grams miss: the same characters tokenized differently.
 
-Runs in the scheduler process. A value copied from a document into JSON starts after a quote, not after a
-space: the record's ' Alice', ' Johnson' becomes '"', 'Alice', ' Johnson' (and ' alice.0' becomes ' "al',
-'ice', '.0'), so right after the first token of a copied value the request's token suffix occurs nowhere
-earlier, while its last characters do. TextIndex keeps the request's text (prompt + output, token by token)
-and proposes the tokenization of what follows the longest earlier occurrence of its last characters (at
-least `min_chars`, the first occurrence after a cursor preferred, as ngram.NgramIndex does). The proposal is
-a guess like any other: verification keeps only what the target model produces itself.
+Runs in the scheduler process. A value copied from a document into JSON starts after a quote, not
+after a space: the record's ' Alice', ' Johnson' becomes '"', 'Alice', ' Johnson' (and ' alice.0'
+becomes ' "al', 'ice', '.0'), so right after the first token of a copied value the request's token
+suffix occurs nowhere earlier, while its last characters do. TextIndex keeps the request's text
+(prompt + output, token by token) and proposes the tokenization of what follows the longest earlier
+occurrence of its last characters (at least `min_chars`, the first occurrence after a cursor
+preferred, as ngram.NgramIndex does). The proposal is a guess like any other: verification keeps
+only what the target model produces itself.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Callable, Sequence
 
-from radixlm.runtime.speculative.ngram import CURSOR_WINDOW, Proposal, nearest_after
-
-MAX_CHARS = 32  # the longest suffix (in characters) looked up
-CHARS_PER_TOKEN = 8  # characters of continuation tokenized per draft token wanted
+from radixlm.runtime.speculative.ngram import Proposal, nearest_after
+from radixlm.runtime.speculative.tuning import TUNING as T
 
 
 class TokenText:
@@ -88,7 +87,7 @@ class TextIndex:
             return Proposal([], 0)
         match, ends = ends
         end = self._near_cursor(ends, cursors) or ends[0]
-        cont = text[end : end + CHARS_PER_TOKEN * k]
+        cont = text[end : end + T.chars_per_token * k]
         tokens = self.text_of.encode(cont)[:k] if cont else []
         if not tokens:
             return Proposal([], 0)
@@ -98,10 +97,11 @@ class TextIndex:
     @staticmethod
     def _occurrences(text: str, min_chars: int) -> tuple[int, list[int]] | None:
         """(m, the ends of the earlier occurrences of text's last m characters, latest first) for the
-        largest m in [min_chars, MAX_CHARS] that has one (a longer suffix only occurs where a shorter does)."""
+        largest m in [min_chars, tuning.text_max_chars] that has one (a longer suffix only occurs where a
+        shorter does)."""
         best = None
         limit = len(text) - 1  # an occurrence must end before the text does
-        for m in range(min_chars, min(MAX_CHARS, len(text) - 1) + 1):
+        for m in range(min_chars, min(T.text_max_chars, len(text) - 1) + 1):
             pos = text.rfind(text[-m:], 0, limit)
             if pos < 0:
                 break
@@ -116,7 +116,7 @@ class TextIndex:
         return best, ends
 
     def _near_cursor(self, ends: list[int], cursors: Sequence[int]) -> int | None:
-        """The earliest occurrence end at or after a cursor (cursors count tokens), within CURSOR_WINDOW."""
+        """The earliest occurrence end at or after a cursor (cursors count tokens), within tuning.cursor_window."""
         last = len(self.offsets) - 1
-        spans = [(self.offsets[c], self.offsets[min(c + CURSOR_WINDOW, last)]) for c in cursors if c <= last]
+        spans = [(self.offsets[c], self.offsets[min(c + T.cursor_window, last)]) for c in cursors if c <= last]
         return nearest_after(sorted(ends), spans)

@@ -1,16 +1,17 @@
 """Exact verification of one draft token against the target model's distribution at its position.
 
 Runs in the scheduler process. Standard speculative rejection sampling: a draft token x drawn from a
-proposal distribution q is accepted with probability min(1, p(x) / q(x)), and on rejection the token is
-drawn from max(0, p - q) renormalised; the emitted token then follows p exactly, whatever q is. The n-gram
-proposer (and the draft model for a greedy request) is deterministic given the context: q is a point mass
-on x, acceptance is p(x), and the residual is p with x removed. For a sampled request the draft model
-samples x from its own distribution q (`draft_probs`: its logits at the request's temperature and top-k /
-top-p / min-p), which is accepted far more often than its argmax would be. p is the distribution the
-plain sampler draws from: the processed logits (logit_bias, penalties, min_new_tokens, grammar mask, the
-Sampler's `processed_logits`), divided by the temperature, cut by top_k -> top_p -> min_p (the same
-`support_threshold` the Sampler uses). Greedy rows never come here: their token is the Sampler's own
-argmax, accepted iff it equals the draft (so greedy output is token-identical with speculation off).
+proposal distribution q is accepted with probability min(1, p(x) / q(x)), and on rejection the token
+is drawn from max(0, p - q) renormalised; the emitted token then follows p exactly, whatever q is.
+The n-gram proposer (and the draft model for a greedy request) is deterministic given the context: q
+is a point mass on x, acceptance is p(x), and the residual is p with x removed. For a sampled
+request the draft model samples x from its own distribution q (`draft_probs`: its logits at the
+request's temperature and top-k / top-p / min-p), which is accepted far more often than its argmax
+would be. p is the distribution the plain sampler draws from: the processed logits (logit_bias,
+penalties, min_new_tokens, grammar mask, the Sampler's `processed_logits`), divided by the
+temperature, cut by top_k -> top_p -> min_p (the same `support_threshold` the Sampler uses). Greedy
+rows never come here: their token is the Sampler's own argmax, accepted iff it equals the draft (so
+greedy output is token-identical with speculation off).
 """
 
 from __future__ import annotations
