@@ -21,9 +21,11 @@ from radixlm.constrained.validate import JsonCheck, check_json_output
 
 KIND = "json_check"
 _MAX_CACHED = 32  # finished checks kept (keyed by schema + text: a repeated greedy output is checked once)
-# The HTTP process checks tool-call arguments and response_format content where its routes answer, which
-# waits: a short budget there (a check of one output takes milliseconds once its validator is built).
+# The HTTP process checks tool-call arguments and response_format content: awaited before a route builds
+# its answer (check_async), or, where a route did not, waited for there (check_blocking): a short budget
+# (a check of one output takes milliseconds once its validator is built).
 BLOCKING_TIMEOUT_S = 1.0
+_QUEUE_ALLOWANCE_S = 1.0  # on top of the worker's deadline: a check may wait for a free worker
 _shared: "OutputChecker | None" = None
 _shared_lock = threading.Lock()
 
@@ -69,11 +71,31 @@ class OutputChecker:
         """Blocking: the check, or unchecked at the deadline (waits at most about timeout_s)."""
         fut = self.submit(spec, text, complete)
         try:
-            fut.exception(timeout=self.timeout_s + 1.0)  # the worker's own deadline ends it first
+            fut.exception(timeout=self.timeout_s + _QUEUE_ALLOWANCE_S)  # the worker's deadline ends it first
         except TimeoutError:  # queued behind other checks the whole time
-            self._cache.abandon(fut)
-            return JsonCheck(None, f"unchecked: the output check did not finish within {self.timeout_s:g} s")
+            return self._gave_up(fut)
         return self.outcome(fut)
+
+    async def check_async(self, spec: str, text: str, complete: bool) -> JsonCheck:
+        """The same, awaited: the event loop serves others meanwhile."""
+        import asyncio
+
+        fut = self.submit(spec, text, complete)
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)),
+                                   self.timeout_s + _QUEUE_ALLOWANCE_S)
+        except asyncio.TimeoutError:
+            return self._gave_up(fut)
+        except GrammarError:
+            pass  # outcome() reads it
+        except asyncio.CancelledError:  # the client went away: nobody needs the check
+            self._cache.abandon(fut)
+            raise
+        return self.outcome(fut)
+
+    def _gave_up(self, fut: "Future[Any]") -> JsonCheck:
+        self._cache.abandon(fut)
+        return JsonCheck(None, f"unchecked: the output check did not finish within {self.timeout_s:g} s")
 
     def close(self) -> None:
         self._cache.close()

@@ -9,11 +9,12 @@ arguments do not validate stays plain content), and `required` / a named tool ar
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.check_pool import check_blocking
+from radixlm.constrained.validate import JsonCheck
 from radixlm.errors import InvalidRequestError
 from radixlm.tools.grammar import tool_grammar, with_trailer_stop
 from radixlm.tools.parsers.base import ParsedCall, Parser, ToolFormat, content_outside
@@ -33,6 +34,8 @@ class ToolPlan:
     grammar: str | None  # the Lark grammar sent as the request's `ebnf` (None: unconstrained)
     native_template: bool  # the model's template renders tools itself
     special_trigger: bool  # the family's markers are special tokens: keep them in the decoded text
+    # Checks already run, (schema, arguments) -> JsonCheck (ChatAgent.settle awaits them off the loop).
+    checks: dict[tuple[str, str], JsonCheck] = field(default_factory=dict, compare=False)
 
     def render(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """(messages, tools for the template)."""
@@ -64,11 +67,19 @@ class ToolPlan:
                 calls.append(call)
         return calls if self.request.parallel else calls[:1]
 
+    def check_jobs(self, text: str) -> list[tuple[str, str]]:
+        """(schema, arguments) of each call in a finished text that accepted_calls will check."""
+        if self.request.mode == "none":
+            return []
+        tools = {t.name: t for t in self.request.callable_tools()}
+        return [(json.dumps(tools[c.name].parameters), c.arguments) for c in self.parser(text) if c.name in tools]
+
     def _valid(self, schema: str, arguments: str) -> bool:
-        """Arguments valid for the schema. A check that ran out of time (check_pool.py) passes only
-        grammar-constrained calls (the grammar enforced the schema as far as it can)."""
-        valid = check_blocking(schema, arguments, True).valid
-        return valid is True or (valid is None and self.grammar is not None)
+        """Arguments valid for the schema (a result in `checks`, else checked now). A check that ran out of
+        time (check_pool.py) passes only grammar-constrained calls (the grammar enforced the schema as far
+        as it can)."""
+        check = self.checks.get((schema, arguments)) or check_blocking(schema, arguments, True)
+        return check.valid is True or (check.valid is None and self.grammar is not None)
 
     def message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
         """(the assistant message, finish_reason) of a finished output."""

@@ -108,3 +108,29 @@ def test_select_over_thousands_of_labels(server):
     assert res.status_code == 200, res.text
     assert res.json()["text"] in labels and res.json()["meta_info"]["finish_reason"]["type"] == "stop"
     assert_healthy(server)
+
+
+@pytest.mark.timeout(120)
+def test_tool_call_checks_are_awaited_before_the_message_is_built(tiny_llama_dir, monkeypatch):
+    """settle() (what the request handle awaits) runs the arguments' check in the check workers; building
+    the message afterwards reads its result and waits for nothing (the blocking fallback is never used)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    import radixlm.tools.plan as plan
+    from radixlm.runtime.config import GrammarConfig
+    from radixlm.runtime.server.chat_agent import ChatAgent
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": json.loads(HOSTILE)}, "required": ["s"]}}}
+    agent = ChatAgent({"tools": [tool], "tool_choice": "required"}, AutoTokenizer.from_pretrained(str(tiny_llama_dir)),
+                      SimpleNamespace(tool_call_parser="hermes", reasoning_parser=None), GrammarConfig())
+    text = '<tool_call>\n{"name": "f", "arguments": {"s": "%s"}}\n</tool_call>' % ("a" * 40)
+    asyncio.run(agent.settler()(text))
+    monkeypatch.setattr(plan, "check_blocking", lambda *a: pytest.fail("the message waited for a check"))
+    choice = agent.finish_choice({"index": 0, "message": {"role": "assistant", "content": text},
+                                  "finish_reason": "stop"})
+    assert choice["finish_reason"] == "tool_calls"
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"s": "a" * 40}

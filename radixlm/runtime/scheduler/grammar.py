@@ -115,7 +115,11 @@ class GrammarManager:
         return None
 
     def drain(self) -> list[Req]:
+        """Take every waiting request out (abort all); their compiles are stopped."""
         reqs = [r for r, _ in self._pending]
+        if self._cache is not None:
+            for _, fut in self._pending:
+                self._cache.abandon(fut)
         self._pending = []
         return reqs
 

@@ -66,6 +66,7 @@ async def create_message(request: Request, ctx: Ctx) -> Response:
         prepared, _ = await off_loop(tm.prepare, request.state.namespace, input_ids=ids, sampling_params=params,
                                      stream=stream)
     handle = tm.submit(prepared, stream, request.state.request_id)
+    handle.settle = agent.settler()  # output checks in workers, before the message is built
     if stream:
         events = await open_stream(request, tm, handle)
         if events is None:

@@ -2,15 +2,18 @@
 applied to one request: its prompt, its sampling params, and its finished or streamed choices.
 
 Runs in the HTTP process. A request with neither tools nor a reasoning parser passes through unchanged.
+Nothing here runs unbounded work on the event loop: schemas go into grammars unlowered (the compile worker
+lowers them) and output checks run in check workers, awaited through the request handle (settle).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 from radixlm.constrained.base import GrammarOptions
 from radixlm.constrained.check_pool import check_blocking, shared_checker
+from radixlm.constrained.validate import JsonCheck
 from radixlm.runtime.server.reasoning import PARSERS, ReasoningParser, ReasoningStream
 from radixlm.tools.grammar import deferred_parameters
 from radixlm.tools.plan import GRAMMAR_BACKEND, ToolPlan, plan_tools
@@ -26,6 +29,8 @@ class ChatAgent:
         name = config.reasoning_parser
         self.reasoning: ReasoningParser | None = PARSERS[name] if name else None
         self._schema: str | None = None  # response_format schema this layer validates (see sampling_params)
+        # (schema, text) -> JsonCheck run by settle(); shared with the tool plan, which reads it too.
+        self._checks: dict[tuple[str, str], JsonCheck] = self.tools.checks if self.tools is not None else {}
         if self.tools is not None or self.reasoning is not None:
             shared_checker()  # its check workers start now, so they are warm when the output is checked
 
@@ -60,9 +65,27 @@ class ChatAgent:
         choice = {**choice, "message": message, "finish_reason": reason}
         return self._details(choice, message.get("content") or "")
 
+    def settler(self) -> Callable[[str], Awaitable[None]] | None:
+        """What the request handle awaits with each finished output (None: this request checks nothing)."""
+        return self.settle if self.tools is not None or self._schema is not None else None
+
+    async def settle(self, text: str) -> None:
+        """Run the checks a finished output will need (tool-call arguments, response_format content) in the
+        check workers, awaited here: the event loop serves other requests meanwhile, and the finishing code
+        below finds the results instead of waiting for them."""
+        content = self.reasoning.split(text)[1] if self.reasoning is not None else text
+        jobs = self.tools.check_jobs(content) if self.tools is not None else []
+        if self._schema is not None:
+            jobs.append((self._schema, content))
+        for schema, value in jobs:
+            if (schema, value) not in self._checks:
+                self._checks[(schema, value)] = await shared_checker().check_async(schema, value, True)
+
     def _details(self, choice: dict[str, Any], content: str) -> dict[str, Any]:
         if self._schema is not None:
-            check = check_blocking(self._schema, content, choice["finish_reason"] != "length")
+            complete = choice["finish_reason"] != "length"
+            check = self._checks.get((self._schema, content)) if complete else None
+            check = check or check_blocking(self._schema, content, complete)
             choice["finish_details"] = {"json_schema_valid": check.valid,
                                         **({"json_schema_error": check.error} if check.error else {})}
         return choice

@@ -152,7 +152,9 @@ async def submit_chat(request: Request, ctx: AppContext, body: ChatBody) -> Chat
                                      return_logprob=logprobs, top_logprobs_num=top, return_text_in_logprobs=True,
                                      stream=stream)
     await _check_strict(body, ctx)
-    return ChatRun(agent, tm.submit(prepared, stream, request.state.request_id), prepared[0].params.n)
+    handle = tm.submit(prepared, stream, request.state.request_id)
+    handle.settle = agent.settler()  # output checks in workers, before the choices are built
+    return ChatRun(agent, handle, prepared[0].params.n)
 
 
 @router.post("/v1/chat/completions", openapi_extra=request_body(ChatBody))

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Union
 
 import msgspec
 import zmq
@@ -49,6 +49,9 @@ class RequestHandle:
         self.start = time.perf_counter()
         self.last_token_at: dict[str, float] = {}
         self.client_rids: list[str] = []
+        # Awaited with each finished output's text before the route sees it (ChatAgent.settle: the output
+        # checks run in worker processes while the event loop serves others); None: nothing to do.
+        self.settle: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -230,11 +233,17 @@ class TokenizerManager:
     async def wait(self, handle: RequestHandle) -> list[dict[str, Any]]:
         while not handle.finished:
             await handle.queue.get()
-        return [handle.results[rid] for rid in handle.rids]
+        results = [handle.results[rid] for rid in handle.rids]
+        if handle.settle is not None:
+            for result in results:
+                await handle.settle(result.get("text", ""))
+        return results
 
     async def events(self, handle: RequestHandle) -> AsyncIterator[tuple[int, StrOut]]:
         while not (handle.finished and handle.queue.empty()):
             out = await handle.queue.get()
+            if out.finished and handle.settle is not None and out.payload is not None:
+                await handle.settle(out.payload.get("text", ""))
             yield handle.index[out.rid], out
 
     def _abort_child(self, rid: str) -> None:
