@@ -36,15 +36,20 @@ def _hostile() -> dict[str, Any]:
 
 
 def _exponential(n: int = 16) -> dict[str, Any]:
-    return {"title": uuid.uuid4().hex, "type": "object", "allOf": [{"anyOf": [{"properties": {f"p{i}": {"type": "integer"}}},
-                                                   {"properties": {f"q{i}": {"type": "string"}}}]}
-                                        for i in range(n)]}
+    branches = [{"anyOf": [{"properties": {f"p{i}": {"type": "integer"}}},
+                           {"properties": {f"q{i}": {"type": "string"}}}]} for i in range(n)]
+    return {"title": uuid.uuid4().hex, "type": "object", "allOf": branches}
 
 
 def _big_schema() -> str:
     defs = {f"d{i}": {"type": "object", "properties": {f"k{j}": {"type": "string", "maxLength": j} for j in range(12)}}
             for i in range(1800)}
     return json.dumps({"title": uuid.uuid4().hex, "definitions": defs, "type": "boolean"})
+
+
+def _wide_ebnf() -> str:
+    """20k alternatives (past llguidance's row limit), a fresh first one each time."""
+    return f'root ::= "{uuid.uuid4().hex}" | ' + " | ".join(f'"w{i}"' for i in range(20000))
 
 
 def _tool(params: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +73,7 @@ def abusers() -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
         "1 MB schema, fresh title": ("/generate", lambda: {"text": "x", "sampling_params": {
             "max_new_tokens": 8, "temperature": 0, "json_schema": _big_schema()}}),
         "ebnf 20k alternatives": ("/generate", lambda: {"text": "x", "sampling_params": {
-            "max_new_tokens": 8, "ebnf": f'root ::= "{uuid.uuid4().hex}" | ' + " | ".join(f'"w{i}"' for i in range(20000))}}),
+            "max_new_tokens": 8, "ebnf": _wide_ebnf()}}),
     }
 
 

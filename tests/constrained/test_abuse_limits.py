@@ -157,8 +157,8 @@ def test_thousands_of_choices_work(llg, byte_tokenizer, model_vocab_size):
     ("ebnf", "root ::= " + " | ".join(f'"w{i}"' for i in range(20000)), "ebnf", "grammar_too_large", "one terminal"),
     ("ebnf", "root ::= root", "ebnf", "invalid_grammar", "accepts no string"),
     ("ebnf", "start: a\na: b\nb: a", "ebnf", "invalid_grammar", "accepts no string"),
-    ("json_schema", json.dumps({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
-     "json_schema", "invalid_grammar", "accepts no string"),
+    ("json_schema", json.dumps({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                                "$ref": "#/$defs/a"}), "json_schema", "invalid_grammar", "accepts no string"),
 ])
 def test_grammars_llguidance_cannot_run_are_refused_at_compile(llg, kind, spec, param, code, says):
     with pytest.raises(GrammarError) as info:
