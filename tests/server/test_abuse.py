@@ -134,3 +134,31 @@ def test_tool_call_checks_are_awaited_before_the_message_is_built(tiny_llama_dir
                                   "finish_reason": "stop"})
     assert choice["finish_reason"] == "tool_calls"
     assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"s": "a" * 40}
+
+
+@pytest.fixture(scope="module")
+def one_slow_worker(tiny_llama_dir):
+    """One compile worker and a deadline no test reaches: only abandoning can free the worker."""
+    from tests.server.conftest import ServerProcess
+
+    srv = ServerProcess(tiny_llama_dir, "--grammar-compile-timeout", "600", "--grammar-num-workers", "1").wait_ready()
+    yield srv
+    srv.stop()
+    srv.remove_tmpdir()
+
+
+@pytest.mark.timeout(300)
+def test_a_client_that_gives_up_stops_its_compile(one_slow_worker):
+    """The client of a minutes-long tool-schema compile gives up; the compile is stopped (its worker killed and
+    replaced), so the next grammar request is served instead of waiting behind it."""
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": exponential_schema()}}]}
+    with one_slow_worker.client(timeout=3) as c:
+        with pytest.raises(httpx.TimeoutException):
+            c.post("/v1/chat/completions", json=body)
+    with one_slow_worker.client(timeout=120) as c:
+        res = c.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 4, "regex": "[ab]{4}"}})
+    assert res.status_code == 200, res.text
+    assert len(res.json()["text"]) == 4 and set(res.json()["text"]) <= {"a", "b"}
