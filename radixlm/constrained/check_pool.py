@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from radixlm.constrained.base import GrammarOptions
@@ -62,6 +62,8 @@ class OutputChecker:
         """The finished Future's check; a check stopped at the deadline (or its worker lost) is unchecked."""
         try:
             return fut.result(timeout=0)
+        except CancelledError:  # another waiter of the same check gave up on it
+            return JsonCheck(None, "unchecked: the output check was stopped")
         except GrammarError as e:
             if e.code == GRAMMAR_TIMEOUT:
                 return JsonCheck(None, f"unchecked: the output check did not finish within {self.timeout_s:g} s")
@@ -73,7 +75,9 @@ class OutputChecker:
         try:
             fut.exception(timeout=self.timeout_s + _QUEUE_ALLOWANCE_S)  # the worker's deadline ends it first
         except TimeoutError:  # queued behind other checks the whole time
-            return self._gave_up(fut)
+            return self._gave_up()
+        except CancelledError:
+            pass  # outcome() says so
         return self.outcome(fut)
 
     async def check_async(self, spec: str, text: str, complete: bool) -> JsonCheck:
@@ -81,20 +85,17 @@ class OutputChecker:
         import asyncio
 
         fut = self.submit(spec, text, complete)
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(done.set))
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)),
-                                   self.timeout_s + _QUEUE_ALLOWANCE_S)
+            await asyncio.wait_for(done.wait(), self.timeout_s + _QUEUE_ALLOWANCE_S)
         except asyncio.TimeoutError:
-            return self._gave_up(fut)
-        except GrammarError:
-            pass  # outcome() reads it
-        except asyncio.CancelledError:  # the client went away: nobody needs the check
-            self._cache.abandon(fut)
-            raise
+            return self._gave_up()
         return self.outcome(fut)
 
-    def _gave_up(self, fut: "Future[Any]") -> JsonCheck:
-        self._cache.abandon(fut)
+    def _gave_up(self) -> JsonCheck:
+        # The job itself is left to its worker's deadline: the Future may be shared with other waiters.
         return JsonCheck(None, f"unchecked: the output check did not finish within {self.timeout_s:g} s")
 
     def close(self) -> None:
