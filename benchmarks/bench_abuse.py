@@ -7,8 +7,10 @@ One server (SmolLM2-135M-Instruct when --model-path is not given, or any model d
 works too) serves both phases. The abusers are the grammar cases of docs/robustness.md: a backtracking
 `pattern` in json_schema and in a tool's parameters (the finished-output check), exponential schemas in
 tools and structural_tag (schema lowering), a ~1 MB schema with a fresh title each time (validator build),
-and grammars llguidance cannot run (refused at compile). Timings depend on the machine's load: run it on
-an otherwise idle machine (the script prints the load average it started with).
+and grammars llguidance cannot run (refused at compile); a control sends the first abuser's request with a
+benign pattern (the same 40-token output: what the abuser's own decoding costs the others). Timings depend
+on the machine's load: run it on an otherwise idle machine (the script prints the load average it started
+with).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def abusers() -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
     """name -> (route, body factory)."""
     ask = [{"role": "user", "content": "call f"}]
     return {
+        "control: same output, benign": ("/generate", lambda: {"text": "a", "sampling_params": {  # decode work only
+            "max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps({**_hostile(), "pattern": "^a*$"})}}),
         "pattern in json_schema": ("/generate", lambda: {"text": "a", "sampling_params": {
             "max_new_tokens": 64, "temperature": 0, "json_schema": json.dumps(_hostile())}}),
         "pattern in tool args": ("/v1/chat/completions", lambda: {
