@@ -13,7 +13,9 @@ import torch
 from radixlm.constrained import GRAMMAR_TIMEOUT, GRAMMAR_TOO_LARGE, INVALID_GRAMMAR, GrammarError
 from radixlm.constrained.cache import GrammarCache, GrammarCacheConfig
 
-SLOW = r"(\w|\s){1,200}x"  # regex-automata needs minutes (but little memory) for this DFA
+# regex-automata needs minutes (but little memory) for this DFA: Unicode classes, repeated (`\w` and `\s` would
+# not do: a regex constraint reads them as ASCII classes, constrained/ascii_classes.py).
+SLOW = r"(\p{L}|\p{Z}){1,200}x"
 HUGE = "a{100000}{100}"  # ... and GBs for this one
 
 
