@@ -7,7 +7,7 @@ tensor-parallel rank). A loaded process holds ~300k objects tracked by the colle
 the tokenizer, the model's modules); each full (generation 2) collection walks all of them, ~0.15 s on a
 laptop core, and one runs whenever enough new objects have survived, which the scheduler's per-request
 state (n-gram indexes, radix nodes) makes happen every few seconds: a stall of a whole decode step and
-more (docs/benchmarks.md, session 36). Frozen objects are still freed by reference counting; only cycles
+more (docs/benchmarks.md). Frozen objects are still freed by reference counting; only cycles
 among them wait until they are unfrozen (release_heap, when the last in-process Engine shuts down).
 """
 

@@ -1,4 +1,4 @@
-"""Hand-written valid and invalid instances per JSON Schema keyword family (issue 14, scope 1 and 5).
+"""Hand-written valid and invalid instances per JSON Schema keyword family.
 
 Each case: a schema, instances that validate against it (written with properties in the schema's
 order: the grammar generates them in that order) and instances that do not. Every instance is checked

@@ -1,4 +1,4 @@
-"""No over-constraining (issue 14, scope 5): every hand-written valid instance of each keyword family is
+"""No over-constraining: every hand-written valid instance of each keyword family is
 accepted by the matcher, token by token, on every backend; an invalid one is never accepted where the
 lowering claims exact enforcement (no approximation reported for that schema and target)."""
 

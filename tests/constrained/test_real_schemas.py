@@ -16,7 +16,7 @@ from radixlm.constrained import BACKENDS, GrammarError, GrammarOptions, make_bac
 from radixlm.constrained.errors import ERROR_CODES
 from radixlm.runtime.config import GrammarConfig
 
-COVERAGE_MIN = 0.97              # accepted / total on the default backend (issue 14)
+COVERAGE_MIN = 0.97              # accepted / total on the default backend
 INSTANCE_ACCEPTANCE_MIN = 0.99   # valid instances the grammar takes, over the accepted schemas
 MIN_SCHEMAS = 300
 COMPILE_LIMIT_S = 60.0

@@ -1,4 +1,4 @@
-"""Real-world schemas end to end on the real SmolLM2 (issue 14's proof): 60 corpus schemas, greedy and
+"""Real-world schemas end to end on the real SmolLM2: 60 corpus schemas, greedy and
 sampled, all in one batch through the Engine with the default grammar backend. Every output that finished
 validates against its original schema (checked here with jsonschema and reported by the engine itself),
 except on schemas whose lowering reports an approximation (a widened pattern, oneOf as anyOf, ...), where

@@ -1,4 +1,4 @@
-"""Program traces (issue 20 scope 2): a run records each gen/select/fork with its prompt span, cached tokens,
+"""Program traces: a run records each gen/select/fork with its prompt span, cached tokens,
 times and tokens out; save_trace writes one self-contained HTML file; run_batch(trace=...) records every
 item into one trace; the trace exports as OpenTelemetry spans (in-memory exporter)."""
 

@@ -1,4 +1,4 @@
-"""The dashboard's data (issue 20): the scheduler's tree snapshot matches the RadixCache (with folding past
+"""The dashboard's data: the scheduler's tree snapshot matches the RadixCache (with folding past
 the node cap), hit counts keep the tree's invariants, the page's view shows text only to the admin key and
 namespaces only as opaque ids, and the routes enforce the keys with OpenAI-style 401/403 bodies."""
 

@@ -1,4 +1,4 @@
-"""/openapi.json and /docs (issue 20 scope 3): the native and OpenAI routes with their request bodies (the
+"""/openapi.json and /docs: the native and OpenAI routes with their request bodies (the
 msgspec Structs of server/bodies.py), a Swagger UI page whose assets the server serves itself (no CDN),
 and all of it behind the API key like every read-only route."""
 

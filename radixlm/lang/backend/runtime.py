@@ -1,7 +1,7 @@
 """Runtime: launch a local radixlm server as a subprocess and use it as a frontend backend.
 
 Runs in the user's process; the server runs in its own process group (`python -m
-radixlm.launch_server`, flags as in issue 5). Start-up polls /health_generate (a real one-token
+radixlm.launch_server`, the same flags as `radixlm serve`). Start-up polls /health_generate (a real one-token
 generation), so the Runtime is usable as soon as the constructor returns. `shutdown()` (also run at
 interpreter exit) terminates the whole group: the server's scheduler and detokenizer children too.
 """

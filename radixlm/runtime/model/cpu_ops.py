@@ -152,7 +152,7 @@ def decode_stack(model: nn.Module, ops, kv_pool):
     """A DecodeStack (csrc/decode_stack.cpp) holding every layer's one-row weights and K/V buffers, or None
     when a layer steps module by module (decode_weights None: Qwen3's q/k norms, int4). With it, a one-token
     decode step of the whole model is one call: the ~1 ms a token of Python between 30 layers' decode_layer
-    calls goes (docs/benchmarks.md, session 27)."""
+    calls goes (docs/benchmarks.md)."""
     if not model.layers or any(layer.decode_weights is None for layer in model.layers):
         return None
     d = model.dims

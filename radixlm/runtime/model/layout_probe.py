@@ -10,7 +10,7 @@ speed"). The issue is the machine, not the model, so `auto` times the candidates
 model's own shapes (enough layers' worth to leave the caches) and keeps the fastest. A candidate's score
 is a one-row pass plus a FEW_ROWS pass: batch-1 decode is where CPU serving with few requests spends its
 time, and steps of a few rows (a few requests decoding, speculative verify rows) come next; a layout that
-wins one row narrowly but doubles the few-row time (column on the AMD EPYC of session 25: 7.7 vs 6.2 ms
+wins one row narrowly but doubles the few-row time (column on a 2-core AMD EPYC: 7.7 vs 6.2 ms
 at one row, 13-25 vs 7-11 ms at 2-16 rows for packed) loses. The "packed" layout (oneDNN) is a candidate
 where torch has it, also with one thread (MKL's fp32 GEMM runs AVX2 code on AMD CPUs), and so is
 "packed_blocks" (the blocks' one-row pass with packed's few-row pass, where its second copy of the weights
@@ -19,7 +19,7 @@ fits: weight_layout.rows_copy_fits; on that EPYC, 1 thread, 12 layers: M=1 block
 Where radixlm's compiled ops build and oneDNN is there, nothing is measured: packed_tiles is taken (its
 few-row pass is packed's, its one-row pass the compiled fp32 GEMV, which streams the weights at the memory's
 rate on any AVX2 or AVX-512 CPU). Why not let the probe pick it: a probe is a few milliseconds of timing,
-and on a shared machine (CI, a laptop doing other work) whatever else runs decides it. Session 27, 2 cores
+and on a shared machine (CI, a laptop doing other work) whatever else runs decides it. On 2 cores
 under load ~2: `auto` picked `packed` with 1 small-step thread in one process of three, which then decoded
 at 42 tok/s against 69-93 for packed_tiles (docs/benchmarks.md).
 """

@@ -39,13 +39,13 @@ its time, so:
     packed_tiles: packed, plus a tiled copy of every weight (the LM head too) for steps of up to a tile's
             rows (the build's tile_rows: 4 with AVX-512, 2 with AVX2), multiplied by radixlm's compiled fp32
             GEMV (radixlm/kernels/cpu, csrc/gemv.cpp: blocks of output rows interleaved so each block is one
-            memory stream, threads over blocks); packed_blocks where the compiled ops do not load. Session
-            26, Zen 5, 1 thread, ms per pass over 30 layers at one row: blocks 14.9, tiles 11.5; LM head
-            3.6 vs 3.1 (docs/benchmarks.md, "session 26 int8 GEMV").
+            memory stream, threads over blocks); packed_blocks where the compiled ops do not load. On a
+            Zen 5, 1 thread, ms per pass over 30 layers at one row: blocks 14.9, tiles 11.5; LM head
+            3.6 vs 3.1 (docs/benchmarks.md, "int8 GEMV").
 
 Why "packed": torch's fp32 F.linear calls MKL, which on AMD CPUs runs its AVX2 code even where the CPU has
-AVX-512 (Zen 4/5); oneDNN dispatches on the ISA itself. On the 2-core AMD EPYC (Zen 5, AVX-512) of
-session 25, 1 thread, ms per pass over 12 layers' weights, column / blocks / packed: M=1 8.2 / 5.6 / 7.8,
+AVX-512 (Zen 4/5); oneDNN dispatches on the ISA itself. On a 2-core AMD EPYC (Zen 5, AVX-512),
+1 thread, ms per pass over 12 layers' weights, column / blocks / packed: M=1 8.2 / 5.6 / 7.8,
 M=2 11.9 / 7.8 / 5.8, M=16 22.7 / 27.5 / 10.5, M=128 114 / 116 / 50; prefill (M=512-2048) 95-100 vs
 215-230 GFLOPS (docs/benchmarks.md, "Few-row fp32 matmuls"; benchmarks/small_m_linear.py). With 1 or 2
 threads the blocks still stream one row fastest (2 threads: 3.6 vs 5.9 ms), and lose from 2 rows on:
@@ -190,7 +190,7 @@ def packed_linear(x: torch.Tensor, w: torch.Tensor | PackedRows, bias: torch.Ten
         rows = x.shape[0] if x.dim() == 2 else 0
         # A few rows (a few requests decoding, one verify row of a short draft) stream the weights through the
         # tiled GEMV at about a one-row step's cost, where oneDNN's fp32 inner product takes a path up to 2x
-        # slower (docs/benchmarks.md, session 35); each row keeps its one-row bits (gemv.cpp).
+        # slower (docs/benchmarks.md); each row keeps its one-row bits (gemv.cpp).
         if isinstance(w.rows, Tiles) and 0 < rows <= w.rows.max_rows:
             return tiled_linear(x, w.rows, bias)
         if rows == 1:

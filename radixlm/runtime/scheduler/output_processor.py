@@ -145,7 +145,7 @@ class OutputProcessor:
     def _argmax_all(self, batch: ForwardBatch, plan: LogitsPlan, logits: torch.Tensor) -> list[int]:
         """Every logits row's token when each is a plain argmax (plan.argmax_only): one Sampler call, so one
         device sync a step, where a verify row each would cost its own (on a GPU, ~4 syncs of a 16-row code
-        step; docs/benchmarks.md, session 38)."""
+        step; docs/benchmarks.md)."""
         rows: list[SamplingRow | None] = [None] * logits.shape[0]
         for i, r0 in plan.sample:
             rows[r0] = self._sampling_row(batch.rows[i].req)

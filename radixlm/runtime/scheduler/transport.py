@@ -109,7 +109,7 @@ class QueueTransport:
         """Each child rid's TokenOuts go to inbox, the last one with finish set. at_finish: all of a rid's
         TokenOuts arrive together when it finishes (or fails), for a caller that does not stream. Why: each
         put wakes the caller's thread, and the two threads then hand the GIL back and forth once per token;
-        on a 2-core VM that cost the loop ~0.1 ms a token, at batch 1 (docs/benchmarks.md, session 27)."""
+        on a 2-core VM that cost the loop ~0.1 ms a token, at batch 1 (docs/benchmarks.md)."""
         self._commands.put((msg, inbox, at_finish))
 
     def put(self, msg: InboundMsg | LocalCall) -> None:

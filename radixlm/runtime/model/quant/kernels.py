@@ -30,7 +30,7 @@ DENSE_MIN_ROWS = 16
 # activations, radixlm/kernels/cpu/csrc/gemv.cpp) instead of _weight_int8pack_mm: it streams the int8
 # weights at about the memory rate at 1-2 rows and stays ahead of torch's bf16-activation kernel up to 16
 # rows (SmolLM2's int8 matmuls, Zen 5, 1 thread, ms at M=1 / 4 / 8 / 15: 4.7 / 8.0 / 14.1 / 25.8 vs
-# 10.6 / 10.8 / 19.6 / 35.3; docs/benchmarks.md, "session 26 int8 GEMV"), so every step below
+# 10.6 / 10.8 / 19.6 / 35.3; docs/benchmarks.md, "int8 GEMV"), so every step below
 # DENSE_MIN_ROWS takes it: one kernel, fp32 activations, each row's result independent of the batch.
 GEMV_MAX_ROWS = 15
 
