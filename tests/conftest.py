@@ -20,6 +20,34 @@ if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _give_memory_back() -> None:
+    """Collect what a module's engines and grammar caches left (cycles included) and hand the freed heap
+    back to the OS: glibc keeps freed small and mid-sized blocks (a model's weights, compiled grammars) in
+    its arenas, so one pytest process would otherwise keep every module's peak to the end."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):  # glibc only
+        ctypes.CDLL(libc).malloc_trim(0)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _memory_back_after_big_tests():
+    """After a test that left the process big (an engine on the real model, hundreds of compiled grammars),
+    give the memory back, so the suite's peak is one test's, not the sum of them (a laptop runs it too)."""
+    yield
+    if os.path.exists("/proc/self/statm") and _rss_bytes() > 1 << 30:
+        _give_memory_back()
+
+
 def _build(tmp_path_factory, arch: str, **overrides):
     from radixlm.testing import build_tiny_model
 
