@@ -124,6 +124,20 @@ def server(tiny_llama_dir):
     srv.remove_tmpdir()
 
 
+@pytest.fixture(scope="session")
+def oai(server):
+    """The official openai client on the shared server, as the first tenant."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=TENANT_KEYS[0], max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def model(oai):
+    """The model id /v1/models lists (the tiny checkpoint's directory name)."""
+    return oai.models.list().data[0].id
+
+
 @pytest.fixture()
 def client(server):
     with server.client() as c:

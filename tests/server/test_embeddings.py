@@ -24,16 +24,6 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=TENANT_KEYS[0], max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(oai):
-    return oai.models.list().data[0].id
-
-
-@pytest.fixture(scope="module")
 def tokenizer(tiny_llama_dir):
     return transformers.AutoTokenizer.from_pretrained(tiny_llama_dir)
 

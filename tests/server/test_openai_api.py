@@ -13,17 +13,6 @@ from radixlm.runtime.server.chat_prompt import chat_input_ids, normalize_message
 from radixlm.runtime.server.bodies import CompletionBody, decode_body
 from radixlm.runtime.server.openai_format import sampling_params
 
-from .conftest import TENANT_KEYS
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=TENANT_KEYS[0], max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(oai):
-    return oai.models.list().data[0].id
 
 
 @pytest.fixture(scope="module")

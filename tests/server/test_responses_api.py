@@ -176,16 +176,6 @@ def test_store_is_bounded_per_tenant_in_count_and_bytes():
 
 
 # ---- the tiny-model server ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=TENANT_KEYS[0], max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(oai):
-    return oai.models.list().data[0].id
-
-
 def _post(server, body, key=TENANT_KEYS[0]):
     return httpx.post(server.url + "/v1/responses", json=body, headers=server.headers(key), timeout=120)
 

@@ -9,19 +9,9 @@ import re
 import openai
 import pytest
 
-from .conftest import TENANT_KEYS, assert_healthy
+from .conftest import assert_healthy
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=TENANT_KEYS[0], max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(oai):
-    return oai.models.list().data[0].id
 
 
 def _pattern(text: str) -> str:
